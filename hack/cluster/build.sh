@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Builds (and caches) the binaries hack/local-up-cluster.sh needs.
+#
+#   hack/cluster/build.sh k8s     kube-apiserver, kube-controller-manager,
+#                                 kube-scheduler, kubelet, kubectl and the
+#                                 sample-device-plugin from k8s.io/kubernetes
+#   hack/cluster/build.sh etcd    etcd + etcdctl from go.etcd.io/etcd modules
+#   hack/cluster/build.sh all
+#
+# Outputs go to ${GPU_SHARE_CACHE:-$HOME/.cache/gpu-share}/<name>-<version>/bin
+# and a ".stamp" file is written after a successful build; a stamped cache is
+# reused as is.  Nothing is written into the repository.
+set -euo pipefail
+
+HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CACHE_DIR="${GPU_SHARE_CACHE:-$HOME/.cache/gpu-share}"
+K8S_VERSION="${K8S_VERSION:-v1.34.4}"
+ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
+
+log() { echo "[build $(date +%H:%M:%S)] $*" >&2; }
+
+k8s_dir() { echo "${CACHE_DIR}/k8s-${K8S_VERSION}"; }
+etcd_dir() { echo "${CACHE_DIR}/etcd-${ETCD_VERSION}"; }
+
+go_env() {
+  export CGO_ENABLED=0
+  export GOFLAGS="${GOFLAGS:-} -buildvcs=false -mod=mod"
+  export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
+}
+
+# Runs a go build command in the background and prints a heartbeat line every
+# 60 s (the Kubernetes build takes tens of minutes on 2 cores).
+run_with_progress() {
+  local what="$1" logf="$2"; shift 2
+  local start=$SECONDS
+  log "building ${what} (log: ${logf})"
+  ( "$@" ) >"${logf}" 2>&1 &
+  local pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 5
+    if (( (SECONDS - start) % 60 < 5 )); then
+      log "  ... ${what}: $(( (SECONDS - start) / 60 )) min elapsed, $(grep -c '' "${logf}" 2>/dev/null || echo 0) log lines"
+    fi
+  done
+  if ! wait "$pid"; then
+    log "FAILED building ${what}; last lines of ${logf}:"
+    tail -n 40 "${logf}" >&2
+    return 1
+  fi
+  log "built ${what} in $(( SECONDS - start )) s"
+}
+
+build_k8s() {
+  local dir; dir="$(k8s_dir)"
+  if [[ -f "${dir}/.stamp" ]]; then
+    log "Kubernetes ${K8S_VERSION} already built in ${dir}"
+    return 0
+  fi
+  go_env
+  mkdir -p "${dir}"
+  rm -rf "${dir}/bin.tmp"
+  mkdir -p "${dir}/bin.tmp"
+  local minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
+  local ld="-s -w"
+  local p
+  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ld+=" -X ${p}.gitVersion=${K8S_VERSION}"
+    ld+=" -X ${p}.gitMajor=1 -X ${p}.gitMinor=${minor}"
+    ld+=" -X ${p}.gitTreeState=clean"
+    ld+=" -X ${p}.buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  done
+  local start=$SECONDS
+  run_with_progress "Kubernetes ${K8S_VERSION}" "${dir}/build.log" \
+    bash -c 'cd "$0" && exec go build -v -trimpath -ldflags="$1" -o "$2" \
+      k8s.io/kubernetes/cmd/kube-apiserver \
+      k8s.io/kubernetes/cmd/kube-controller-manager \
+      k8s.io/kubernetes/cmd/kube-scheduler \
+      k8s.io/kubernetes/cmd/kubelet \
+      k8s.io/kubernetes/cmd/kubectl \
+      k8s.io/kubernetes/test/images/sample-device-plugin' \
+    "${HACK_DIR}/k8s" "${ld}" "${dir}/bin.tmp/"
+  rm -rf "${dir}/bin"
+  mv "${dir}/bin.tmp" "${dir}/bin"
+  echo "built $(date -u +%FT%TZ) in $(( SECONDS - start ))s" >"${dir}/.stamp"
+  log "Kubernetes binaries in ${dir}/bin: $(ls "${dir}/bin" | tr '\n' ' ')"
+}
+
+build_etcd() {
+  local dir; dir="$(etcd_dir)"
+  if [[ -f "${dir}/.stamp" ]]; then
+    log "etcd ${ETCD_VERSION} already built in ${dir}"
+    return 0
+  fi
+  go_env
+  mkdir -p "${dir}"
+  rm -rf "${dir}/bin.tmp"
+  mkdir -p "${dir}/bin.tmp"
+  local start=$SECONDS
+  run_with_progress "etcd ${ETCD_VERSION}" "${dir}/build.log" \
+    bash -c 'cd "$0" && exec go build -v -trimpath -ldflags="-s -w" -o "$1" \
+      . go.etcd.io/etcd/etcdctl/v3' \
+    "${HACK_DIR}/etcd" "${dir}/bin.tmp/"
+  rm -rf "${dir}/bin"
+  mv "${dir}/bin.tmp" "${dir}/bin"
+  echo "built $(date -u +%FT%TZ) in $(( SECONDS - start ))s" >"${dir}/.stamp"
+  log "etcd binaries in ${dir}/bin: $(ls "${dir}/bin" | tr '\n' ' ')"
+}
+
+case "${1:-all}" in
+  k8s) build_k8s ;;
+  etcd) build_etcd ;;
+  all) build_etcd; build_k8s ;;
+  k8s-dir) k8s_dir ;;
+  etcd-dir) etcd_dir ;;
+  *) echo "usage: $0 k8s|etcd|all|k8s-dir|etcd-dir" >&2; exit 2 ;;
+esac

@@ -1,0 +1,43 @@
+"""What the node agent needs from the outside world, as Protocols.
+
+plugin/ implements ``PodResourcesSource`` over gRPC; kube/ implements ``PodSource`` and
+``Publisher`` over the API server. Tests pass in-memory fakes of these ports only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+from gpu_share.sharing.model import PodResourcesView, PodView
+
+
+class PodResourcesSource(Protocol):
+    def list(self) -> PodResourcesView:
+        """The kubelet's active pods with the devices each container holds.
+        Raises KubeAccessError when the kubelet does not answer."""
+        ...
+
+
+class PodSource(Protocol):
+    def get_pod(self, namespace: str, name: str) -> PodView | None:
+        """Raises KubeAccessError when the API server does not answer."""
+        ...
+
+    def list_node_pods(self, node_name: str) -> list[PodView]:
+        """Pods bound to the node (any phase). Raises KubeAccessError."""
+        ...
+
+
+class Publisher(Protocol):
+    def annotate_node(self, node_name: str, annotations: Mapping[str, str | None]) -> None: ...
+
+    def annotate_pod(
+        self, namespace: str, name: str, annotations: Mapping[str, str | None]
+    ) -> None: ...
+
+    def pod_event(
+        self, namespace: str, name: str, *, reason: str, message: str, warning: bool
+    ) -> None: ...
+
+    def node_event(self, node_name: str, *, reason: str, message: str, warning: bool) -> None: ...

@@ -1,0 +1,148 @@
+"""Value types shared by the pure logic and the layers above it.
+
+Nothing here performs I/O. The kube/ layer turns API objects into ``PodView``; the
+plugin/ layer turns PodResources answers into ``PodResourcesView`` and builds the gRPC
+response from ``AllocateSpec``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class ResourceKind(StrEnum):
+    """The two dimensions of a slice."""
+
+    MEMORY = "memory"  # memory units of ``memoryUnitMiB`` each
+    CORE = "core"  # percent of one device's cores; 100 per device
+
+
+class ContainerKind(StrEnum):
+    INIT = "init"  # classic init container: runs to completion before app containers
+    SIDECAR = "sidecar"  # restartable init container (restartPolicy: Always)
+    APP = "app"
+
+
+@dataclass(frozen=True, order=True)
+class ContainerRef:
+    """Which container of which pod. ``pod_uid`` may be "" when only PodResources knew it."""
+
+    namespace: str
+    pod_name: str
+    container_name: str
+    pod_uid: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.pod_name}/{self.container_name}"
+
+
+@dataclass(frozen=True)
+class ContainerRequest:
+    """What one container asks of our two resources (limits == requests for extended
+    resources). Zero means "not requested"."""
+
+    memory_units: int = 0
+    cores: int = 0
+
+    def amount(self, kind: ResourceKind) -> int:
+        return self.memory_units if kind is ResourceKind.MEMORY else self.cores
+
+    @property
+    def empty(self) -> bool:
+        return self.memory_units == 0 and self.cores == 0
+
+
+@dataclass(frozen=True)
+class ContainerView:
+    name: str
+    kind: ContainerKind
+    request: ContainerRequest
+
+
+@dataclass(frozen=True)
+class PodView:
+    """A pod as the API server describes it (only what allocation needs).
+
+    ``containers`` is in kubelet admission order: init containers (and sidecars) in
+    spec order, then app containers in spec order.
+    """
+
+    uid: str
+    namespace: str
+    name: str
+    node_name: str
+    containers: tuple[ContainerView, ...]
+    phase: str = "Pending"
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    deleted: bool = False  # deletionTimestamp set
+
+
+@dataclass(frozen=True)
+class PodResourcesContainer:
+    """One container in the kubelet's PodResources answer."""
+
+    name: str
+    # Kubelet resource name (e.g. "vendor.com/vcuda-memory") -> device IDs it holds.
+    devices: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PodResourcesPod:
+    """One pod in the kubelet's PodResources ``List`` (no UID: the API has none)."""
+
+    namespace: str
+    name: str
+    containers: tuple[PodResourcesContainer, ...] = ()
+
+
+@dataclass(frozen=True)
+class PodResourcesView:
+    """A whole PodResources ``List`` answer: the kubelet's active pods."""
+
+    pods: tuple[PodResourcesPod, ...] = ()
+
+
+@dataclass(frozen=True)
+class DeviceShare:
+    """Part of one device held by one container."""
+
+    device: str  # Device.uuid
+    memory_units: int
+    cores: int
+    exclusive: bool = False  # whole device, nobody else may hold any unit of it
+
+
+@dataclass(frozen=True)
+class Mount:
+    container_path: str
+    host_path: str
+    read_only: bool = True
+
+
+@dataclass(frozen=True)
+class DeviceNodeSpec:
+    container_path: str
+    host_path: str
+    permissions: str = "rw"
+
+
+@dataclass(frozen=True)
+class AllocateSpec:
+    """Everything one ContainerAllocateResponse carries, independent of gRPC."""
+
+    envs: Mapping[str, str] = field(default_factory=dict)
+    mounts: tuple[Mount, ...] = ()
+    devices: tuple[DeviceNodeSpec, ...] = ()
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    cdi_devices: tuple[str, ...] = ()  # fully qualified CDI names, "<kind>=<name>"
+
+
+@dataclass(frozen=True)
+class AdvertisedDevice:
+    """One entry of a ListAndWatch answer (one unit of one resource)."""
+
+    id: str
+    healthy: bool
+    numa_node: int | None = None
