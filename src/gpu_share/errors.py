@@ -17,6 +17,9 @@ class GpuShareError(Exception):
         self.message = message
         if reason is not None:
             self.reason = reason
+        # The container the failed call was for, when known (a ContainerRef); lets the
+        # agent put an Event on the right pod.
+        self.ref: object | None = None
 
     def __str__(self) -> str:
         return self.message

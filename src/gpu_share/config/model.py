@@ -17,6 +17,11 @@ CONFIG_VERSION = "v1"
 
 DEFAULT_IGNORED_XIDS: tuple[int, ...] = (13, 31, 43, 45, 68, 109)
 
+# XIDs after which a device does not come back by itself (needs a reset, a reboot
+# or a person): ECC/row-remap failures, fallen off the bus, NVLink, GSP, uncontained
+# memory errors. Every other non-ignored XID is treated as transient.
+DEFAULT_FATAL_XIDS: tuple[int, ...] = (48, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140)
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(
@@ -122,6 +127,8 @@ class HealthConfig(_Strict):
     # A device unhealthy through a transient XID comes back after this quiet period
     # if the backend then reports it fine. 0 disables recovery.
     recovery_quiet_seconds: float = Field(default=300.0, ge=0)
+    # XIDs that never recover by themselves (see DEFAULT_FATAL_XIDS).
+    fatal_xids: list[int] = Field(default_factory=lambda: list(DEFAULT_FATAL_XIDS))
     # How often the backend is polled (dummy fault file, NVML device presence).
     poll_interval_seconds: float = Field(default=5.0, gt=0, le=3600)
 

@@ -77,6 +77,31 @@ class PodView:
     phase: str = "Pending"
     annotations: Mapping[str, str] = field(default_factory=dict)
     deleted: bool = False  # deletionTimestamp set
+    # metadata.creationTimestamp as epoch seconds (0 when unknown); identity tie-break.
+    created_at: float = 0.0
+
+    @property
+    def terminal(self) -> bool:
+        """The pod will never run again (its devices can be released)."""
+        return self.phase in ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True)
+class ResourceNames:
+    """Kubelet resource names of the two dimensions (e.g. ``vendor.com/vcuda-memory``)."""
+
+    memory: str
+    core: str
+
+    def name_of(self, kind: ResourceKind) -> str:
+        return self.memory if kind is ResourceKind.MEMORY else self.core
+
+    def kind_of(self, resource: str) -> ResourceKind | None:
+        if resource == self.memory:
+            return ResourceKind.MEMORY
+        if resource == self.core:
+            return ResourceKind.CORE
+        return None
 
 
 @dataclass(frozen=True)

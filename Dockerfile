@@ -1,0 +1,39 @@
+# gpu-share agent image: gpu-share-plugin (node agent) and gpu-share (admin CLI).
+#
+#   buildah bud --build-arg BASE_IMAGE=localhost/python:3.11-slim-bookworm -t localhost/gpu-share:dev .
+#   docker build -t gpu-share:dev .
+#
+# BASE_IMAGE must be a Debian-style Python 3.11 image (python3.11 + pip at /usr/local or on
+# PATH); the e2e setup passes a locally made one.
+ARG BASE_IMAGE=python:3.11-slim-bookworm
+
+# ---- build: one wheel for gpu-share and wheels for all its dependencies.
+FROM ${BASE_IMAGE} AS build
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PYTHONDONTWRITEBYTECODE=1
+WORKDIR /src
+COPY pyproject.toml README.md* ./
+COPY src ./src
+RUN pip wheel --wheel-dir /wheels .
+
+# ---- runtime: the wheels installed, nothing else (no compiler, no sources, no pip cache).
+FROM ${BASE_IMAGE}
+ARG VERSION=0.1.0
+ARG REVISION=unknown
+LABEL org.opencontainers.image.title="gpu-share" \
+      org.opencontainers.image.description="Kubernetes device plugin sharing GPUs by memory units and core percent" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.source="https://github.com/gpu-share/gpu-share"
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 \
+    PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+COPY --from=build /wheels /tmp/wheels
+RUN pip install --no-index --find-links /tmp/wheels gpu-share \
+    && rm -rf /tmp/wheels \
+    && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin gpu-share
+# Non-root by default, so the admin CLI and the helm test pod run unprivileged. The agent
+# itself needs uid 0 (the kubelet's device-plugin dir and kubelet.sock are root-only);
+# the chart sets runAsUser: 0 for it, with every capability dropped.
+USER 10001
+ENTRYPOINT ["gpu-share-plugin"]
+CMD ["--config", "/etc/gpu-share/config.yaml"]

@@ -1,0 +1,18 @@
+.PHONY: test demo lint bench cluster-up cluster-down
+
+# README "Test": static checks + every test level this machine can run.
+test:
+	bash hack/test.sh
+
+# README "Demo": local cluster + gpu-share on the dummy backend + a few pods.
+demo:
+	bash hack/demo.sh
+
+lint:
+	bash -c '. hack/lib/venv.sh && ensure_venv && ruff check src tests hack bench && mypy src/gpu_share/sharing src/gpu_share/config src/gpu_share/errors.py && lint-imports'
+
+cluster-up:
+	bash hack/local-up-cluster.sh up
+
+cluster-down:
+	bash hack/local-up-cluster.sh down

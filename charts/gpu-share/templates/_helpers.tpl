@@ -1,0 +1,188 @@
+{{/* Chart name, overridable. */}}
+{{- define "gpu-share.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 30 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* "<release>-<chart>" (or the release name alone when it already holds the chart name).
+Kept to 38 characters so "<fullname>-<pool>-mps" stays a valid 63-character name. */}}
+{{- define "gpu-share.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 38 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "gpu-share.name" . -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 38 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 38 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gpu-share.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Label key naming the node pool of an object. */}}
+{{- define "gpu-share.poolLabel" -}}gpu-share.vendor.com/pool{{- end -}}
+
+{{- define "gpu-share.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpu-share.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "gpu-share.labels" -}}
+helm.sh/chart: {{ include "gpu-share.chart" . }}
+{{ include "gpu-share.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: gpu-share
+{{- end -}}
+
+{{- define "gpu-share.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "gpu-share.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Image reference from a {registry, repository, tag, digest} map; the digest wins.
+Call with (dict "image" $img "root" $). */}}
+{{- define "gpu-share.imageRef" -}}
+{{- $img := .image -}}
+{{- $repo := $img.repository -}}
+{{- if $img.registry -}}
+{{- $repo = printf "%s/%s" $img.registry $img.repository -}}
+{{- end -}}
+{{- if $img.digest -}}
+{{- printf "%s@%s" $repo $img.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $repo (default .root.Chart.AppVersion $img.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gpu-share.image" -}}
+{{- include "gpu-share.imageRef" (dict "image" .Values.image "root" .) -}}
+{{- end -}}
+
+{{/* MPS control daemon image: its own fields where set, else the agent image. */}}
+{{- define "gpu-share.mpsImage" -}}
+{{- $own := .Values.mpsControlDaemon.image -}}
+{{- if $own.repository -}}
+{{- include "gpu-share.imageRef" (dict "image" $own "root" .) -}}
+{{- else -}}
+{{- include "gpu-share.image" . -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Deep merge of two maps given as (list base override), returned as JSON. Maps merge
+recursively; any other override value (list, scalar, false, 0, "") replaces the base one;
+null means "not set". Unlike sprig's mergeOverwrite, false and 0 do override. */}}
+{{- define "gpu-share.deepMerge" -}}
+{{- $out := deepCopy (index . 0) -}}
+{{- range $key, $over := (index . 1) -}}
+{{- if kindIs "invalid" $over -}}
+{{- /* null: keep the base value */ -}}
+{{- else if and (kindIs "map" $over) (kindIs "map" (get $out $key)) -}}
+{{- $_ := set $out $key (include "gpu-share.deepMerge" (list (get $out $key) $over) | fromJson) -}}
+{{- else -}}
+{{- $_ := set $out $key $over -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end -}}
+
+{{/* Pod-level settings of one pool (poolDefaults merged with the entry), as JSON.
+Call with (dict "root" $ "pool" $pool). */}}
+{{- define "gpu-share.poolSettings" -}}
+{{- $entry := omit .pool "agentConfig" -}}
+{{- include "gpu-share.deepMerge" (list .root.Values.poolDefaults $entry) -}}
+{{- end -}}
+
+{{/* The agent config (AgentConfig v1) of one pool, as JSON: agentConfig merged with the
+pool's overrides, plus what the chart owns (version, host paths). */}}
+{{- define "gpu-share.poolConfig" -}}
+{{- $root := .root -}}
+{{- $cfg := include "gpu-share.deepMerge" (list $root.Values.agentConfig (.pool.agentConfig | default dict)) | fromJson -}}
+{{- $paths := $root.Values.hostPaths -}}
+{{- $_ := set $cfg "version" "v1" -}}
+{{- $kubelet := $cfg.kubelet | default dict -}}
+{{- $_ = set $kubelet "devicePluginDir" $paths.devicePluginDir -}}
+{{- $_ = set $kubelet "podResourcesSocket" (printf "%s/kubelet.sock" $paths.podResourcesDir) -}}
+{{- $_ = set $cfg "kubelet" $kubelet -}}
+{{- $_ = set $cfg "stateDir" $paths.stateDir -}}
+{{- $dummy := $cfg.dummy | default dict -}}
+{{- if not $dummy.faultFile -}}
+{{- $_ = set $dummy "faultFile" (printf "%s/dummy-faults.json" $paths.stateDir) -}}
+{{- end -}}
+{{- $_ = set $cfg "dummy" $dummy -}}
+{{- toJson $cfg -}}
+{{- end -}}
+
+{{/* Name prefix of one pool's objects. */}}
+{{- define "gpu-share.poolFullname" -}}
+{{- printf "%s-%s" (include "gpu-share.fullname" .root) .pool.name -}}
+{{- end -}}
+
+{{/* Selector labels of one pool's agent pods. */}}
+{{- define "gpu-share.poolSelectorLabels" -}}
+{{ include "gpu-share.selectorLabels" .root }}
+app.kubernetes.io/component: agent
+{{ include "gpu-share.poolLabel" . }}: {{ .pool.name }}
+{{- end -}}
+
+{{/* Whether this release renders the ValidatingAdmissionPolicy ("true" or ""). */}}
+{{- define "gpu-share.admissionPolicyEnabled" -}}
+{{- if and .Values.admissionPolicy.enabled
+      (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy")
+      (semverCompare ">=1.30.0-0" .Capabilities.KubeVersion.Version) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* Value checks the schema cannot express; fails rendering with a message naming the
+pool(s). Included once, from daemonset.yaml. */}}
+{{- define "gpu-share.validate" -}}
+{{- $root := . -}}
+{{- $seen := dict -}}
+{{- range $pool := .Values.nodePools -}}
+{{- if hasKey $seen $pool.name -}}
+{{- fail (printf "nodePools: duplicate pool name %q; every pool needs a unique name" $pool.name) -}}
+{{- end -}}
+{{- $_ := set $seen $pool.name true -}}
+{{- end -}}
+{{- range $i, $a := .Values.nodePools -}}
+{{- range $j, $b := $root.Values.nodePools -}}
+{{- if lt $i $j -}}
+{{- if eq (toJson $a.nodeSelector) (toJson $b.nodeSelector) -}}
+{{- fail (printf "nodePools %q and %q have identical nodeSelectors %s: pools must not overlap on a node; give each pool a label value of its own" $a.name $b.name (toJson $a.nodeSelector)) -}}
+{{- end -}}
+{{- end -}}
+{{- if ne $i $j -}}
+{{- /* $a's selector inside $b's: every node of $b also matches $a. */ -}}
+{{- $contained := true -}}
+{{- range $k, $v := $a.nodeSelector -}}
+{{- if not (and (hasKey $b.nodeSelector $k) (eq (get $b.nodeSelector $k) $v)) -}}
+{{- $contained = false -}}
+{{- end -}}
+{{- end -}}
+{{- $aSettings := include "gpu-share.poolSettings" (dict "root" $root "pool" $a) | fromJson -}}
+{{- if and $contained (not $aSettings.affinity) (ne (toJson $a.nodeSelector) (toJson $b.nodeSelector)) -}}
+{{- fail (printf "nodePools %q and %q overlap: every node matching %q's nodeSelector %s also matches %q's %s; add a label that tells them apart" $a.name $b.name $b.name (toJson $b.nodeSelector) $a.name (toJson $a.nodeSelector)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- range $pool := .Values.nodePools -}}
+{{- $cfg := include "gpu-share.poolConfig" (dict "root" $root "pool" $pool) | fromJson -}}
+{{- if not (hasPrefix (printf "%s/" $root.Values.hostPaths.stateDir) $cfg.dummy.faultFile) -}}
+{{- fail (printf "nodePools %q: agentConfig.dummy.faultFile %q must lie inside hostPaths.stateDir %q (the only host dir mounted for it)" $pool.name $cfg.dummy.faultFile $root.Values.hostPaths.stateDir) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The config file of one pool, as YAML (also the input of the checksum annotation). */}}
+{{- define "gpu-share.configYaml" -}}
+# gpu-share agent config (AgentConfig v1) of node pool {{ .pool.name }}; rendered by the chart.
+{{ include "gpu-share.poolConfig" . | fromJson | toYaml }}
+{{- end -}}

@@ -1,0 +1,676 @@
+#!/usr/bin/env bash
+# hack/local-up-cluster.sh - a real single-node Kubernetes on loopback for the
+# gpu-share tests and demos (in the spirit of Kubernetes' own
+# hack/local-up-cluster.sh).  Run as root.
+#
+#   hack/local-up-cluster.sh up            build what is missing, start everything,
+#                                          wait for the node to be Ready (no-op if up)
+#   hack/local-up-cluster.sh down          stop everything, clean mounts, remove state
+#   hack/local-up-cluster.sh status        what runs (exit 0 only if everything does)
+#   hack/local-up-cluster.sh env           `export` lines (KUBECONFIG, DEVICE_PLUGIN_DIR, ...)
+#   hack/local-up-cluster.sh import-image TAR...   import image tars into the
+#                                          cluster's containerd (k8s.io namespace)
+#   hack/local-up-cluster.sh build         only build/cache the binaries and images
+#   hack/local-up-cluster.sh logs COMPONENT  tail -f a component log
+#
+# Settings (environment):
+#   GPU_SHARE_CLUSTER_DIR  work dir (default /var/lib/gpu-share-cluster)
+#   GPU_SHARE_CACHE        build cache (default $HOME/.cache/gpu-share)
+#   GPU_SHARE_NODE_NAME    node name (default gpu-share-node)
+#   GPU_SHARE_POD_CIDR     bridge subnet (default 10.88.77.0/24)
+#   GPU_SHARE_UP_TIMEOUT   seconds to wait for each component (default 180)
+# See docs/local-cluster.md.
+set -euo pipefail
+
+HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_ROOT="$(cd "${HACK_DIR}/.." && pwd)"
+
+WORK_DIR="${GPU_SHARE_CLUSTER_DIR:-/var/lib/gpu-share-cluster}"
+CACHE_DIR="${GPU_SHARE_CACHE:-$HOME/.cache/gpu-share}"
+export GPU_SHARE_CACHE="${CACHE_DIR}"
+NODE_NAME="${GPU_SHARE_NODE_NAME:-gpu-share-node}"
+POD_CIDR="${GPU_SHARE_POD_CIDR:-10.88.77.0/24}"
+UP_TIMEOUT="${GPU_SHARE_UP_TIMEOUT:-180}"
+SERVICE_CIDR="10.0.0.0/24"
+SERVICE_IP="10.0.0.1"
+API_PORT=6443
+ETCD_CLIENT_PORT=2379
+ETCD_PEER_PORT=2380
+KUBELET_PORT=10250
+BRIDGE=gsbr0
+CNI_BIN_DIR="${CNI_BIN_DIR:-/usr/lib/cni}"
+PAUSE_IMAGE="localhost/pause:local"
+BUSYBOX_IMAGE="localhost/busybox:local"
+
+PKI_DIR="${WORK_DIR}/pki"
+KUBECONFIG_DIR="${WORK_DIR}/kubeconfig"
+ADMIN_KUBECONFIG="${KUBECONFIG_DIR}/admin.kubeconfig"
+LOG_DIR="${WORK_DIR}/logs"
+RUN_DIR="${WORK_DIR}/run"
+CONF_DIR="${WORK_DIR}/config"
+KUBELET_ROOT_DIR="${WORK_DIR}/kubelet"
+CONTAINERD_DIR="${WORK_DIR}/containerd"
+CONTAINERD_SOCK="${CONTAINERD_DIR}/containerd.sock"
+CNI_DIR="${WORK_DIR}/cni"
+HOSTS_MARK="# gpu-share-local-cluster"
+
+COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet)
+
+K8S_BIN="$("${HACK_DIR}/cluster/build.sh" k8s-dir)/bin"
+ETCD_BIN="$("${HACK_DIR}/cluster/build.sh" etcd-dir)/bin"
+KUBECTL="${K8S_BIN}/kubectl"
+
+log() { echo "[local-up $(date +%H:%M:%S)] $*" >&2; }
+die() { echo "[local-up] ERROR: $*" >&2; exit 1; }
+
+need_root() {
+  [[ "$(id -u)" == 0 ]] || die "must run as root (it starts containerd and the kubelet)"
+}
+
+# ---------------------------------------------------------------- processes
+
+pid_of() {
+  local f="${RUN_DIR}/$1.pid"
+  [[ -f "$f" ]] || return 1
+  local pid; pid="$(cat "$f")"
+  [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null && echo "$pid"
+}
+
+is_running() { pid_of "$1" >/dev/null; }
+
+# start NAME BINARY ARGS... : runs detached in its own session, logs to
+# logs/NAME.log, pid in run/NAME.pid.  A running NAME is left alone.
+start() {
+  local name="$1"; shift
+  if is_running "$name"; then
+    log "${name} already running (pid $(pid_of "$name"))"
+    return 0
+  fi
+  mkdir -p "${LOG_DIR}" "${RUN_DIR}"
+  echo "=== $(date -u +%FT%TZ) starting: $*" >>"${LOG_DIR}/${name}.log"
+  setsid "$@" </dev/null >>"${LOG_DIR}/${name}.log" 2>&1 &
+  echo $! >"${RUN_DIR}/${name}.pid"
+  log "started ${name} (pid $!, log ${LOG_DIR}/${name}.log)"
+}
+
+# stop NAME : SIGTERM, wait up to 15 s, then SIGKILL.
+stop() {
+  local name="$1" pid
+  if pid="$(pid_of "$name")"; then
+    log "stopping ${name} (pid ${pid})"
+    kill -TERM "$pid" 2>/dev/null || true
+    local i
+    for i in $(seq 1 30); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.5
+    done
+    kill -KILL "$pid" 2>/dev/null || true
+  fi
+  rm -f "${RUN_DIR}/${name}.pid"
+}
+
+# wait_for DESC COMPONENT CMD... : retries CMD until it succeeds; fails with
+# the tail of the component's log after UP_TIMEOUT seconds or if it died.
+wait_for() {
+  local desc="$1" comp="$2"; shift 2
+  local deadline=$((SECONDS + UP_TIMEOUT))
+  until "$@" >/dev/null 2>&1; do
+    if ! is_running "$comp"; then
+      echo "---- last lines of ${LOG_DIR}/${comp}.log" >&2
+      tail -n 40 "${LOG_DIR}/${comp}.log" >&2 || true
+      die "${comp} exited while waiting for ${desc}"
+    fi
+    if ((SECONDS > deadline)); then
+      echo "---- last lines of ${LOG_DIR}/${comp}.log" >&2
+      tail -n 40 "${LOG_DIR}/${comp}.log" >&2 || true
+      die "timed out after ${UP_TIMEOUT}s waiting for ${desc}"
+    fi
+    sleep 1
+  done
+  log "${desc}: ok"
+}
+
+kubectl_admin() { "${KUBECTL}" --kubeconfig "${ADMIN_KUBECONFIG}" "$@"; }
+
+# ---------------------------------------------------------------- prerequisites
+
+ensure_packages() {
+  local missing=()
+  command -v containerd >/dev/null || missing+=(containerd)
+  command -v runc >/dev/null || missing+=(runc)
+  [[ -x "${CNI_BIN_DIR}/bridge" && -x "${CNI_BIN_DIR}/host-local" && -x "${CNI_BIN_DIR}/loopback" ]] ||
+    missing+=(containernetworking-plugins)
+  [[ -x /bin/busybox ]] && ! file -L /bin/busybox 2>/dev/null | grep -q dynamic || missing+=(busybox-static)
+  command -v file >/dev/null || missing+=(file)
+  command -v openssl >/dev/null || missing+=(openssl)
+  command -v gcc >/dev/null || missing+=(gcc libc6-dev)
+  command -v ip >/dev/null || missing+=(iproute2)
+  command -v unshare >/dev/null || missing+=(util-linux)
+  command -v go >/dev/null || die "Go is required to build Kubernetes and etcd (go not in PATH)"
+  if ((${#missing[@]})); then
+    log "installing Debian packages: ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+}
+
+build_all() {
+  "${HACK_DIR}/cluster/build.sh" etcd
+  "${HACK_DIR}/cluster/build.sh" k8s
+  build_images
+}
+
+# Images are built from sources/packages on this machine and cached by content.
+build_images() {
+  local img_dir="${CACHE_DIR}/images" key
+  mkdir -p "${img_dir}"
+  key="$(cat "${HACK_DIR}/images/pause/pause.c" "${HACK_DIR}/cluster/oci.py" | sha256sum | cut -c1-12)"
+  PAUSE_TAR="${img_dir}/pause-${key}.tar"
+  if [[ ! -f "${PAUSE_TAR}" ]]; then
+    log "building ${PAUSE_IMAGE} from hack/images/pause/pause.c"
+    local tmp; tmp="$(mktemp -d)"
+    gcc -static -Os -Wall -o "${tmp}/pause" "${HACK_DIR}/images/pause/pause.c"
+    strip "${tmp}/pause" 2>/dev/null || true
+    python3 "${HACK_DIR}/cluster/oci.py" build-image --tag "${PAUSE_IMAGE}" \
+      --add "${tmp}/pause=/pause" --entrypoint /pause -o "${PAUSE_TAR}" >/dev/null
+    rm -rf "${tmp}"
+  fi
+  key="$( (sha256sum /bin/busybox; cat "${HACK_DIR}/cluster/oci.py") | sha256sum | cut -c1-12)"
+  BUSYBOX_TAR="${img_dir}/busybox-${key}.tar"
+  if [[ ! -f "${BUSYBOX_TAR}" ]]; then
+    log "building ${BUSYBOX_IMAGE} from Debian's busybox-static"
+    local tmp; tmp="$(mktemp -d)"
+    python3 "${HACK_DIR}/cluster/oci.py" busybox-rootfs "${tmp}/rootfs"
+    python3 "${HACK_DIR}/cluster/oci.py" build-image --tag "${BUSYBOX_IMAGE}" \
+      --rootfs "${tmp}/rootfs" --cmd sh -o "${BUSYBOX_TAR}" >/dev/null
+    rm -rf "${tmp}"
+  fi
+}
+
+# ---------------------------------------------------------------- configuration
+
+write_kubeconfig() {
+  local file="$1" user="$2" cert="$3" key="$4"
+  local ca crt k
+  ca="$(base64 -w0 <"${PKI_DIR}/ca.crt")"
+  crt="$(base64 -w0 <"${PKI_DIR}/${cert}")"
+  k="$(base64 -w0 <"${PKI_DIR}/${key}")"
+  umask 077
+  cat >"${file}" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: gpu-share-local
+  cluster:
+    server: https://127.0.0.1:${API_PORT}
+    certificate-authority-data: ${ca}
+users:
+- name: ${user}
+  user:
+    client-certificate-data: ${crt}
+    client-key-data: ${k}
+contexts:
+- name: ${user}@gpu-share-local
+  context:
+    cluster: gpu-share-local
+    user: ${user}
+current-context: ${user}@gpu-share-local
+EOF
+  umask 022
+}
+
+write_configs() {
+  mkdir -p "${WORK_DIR}" "${LOG_DIR}" "${RUN_DIR}" "${CONF_DIR}" "${KUBECONFIG_DIR}" \
+    "${KUBELET_ROOT_DIR}" "${CONTAINERD_DIR}" "${CNI_DIR}/net.d" "${CNI_DIR}/networks"
+  "${HACK_DIR}/cluster/pki.sh" "${PKI_DIR}" "${NODE_NAME}" "${SERVICE_IP}"
+
+  write_kubeconfig "${ADMIN_KUBECONFIG}" kubernetes-admin admin.crt admin.key
+  write_kubeconfig "${KUBECONFIG_DIR}/kubelet.kubeconfig" "system:node:${NODE_NAME}" kubelet-client.crt kubelet-client.key
+  write_kubeconfig "${KUBECONFIG_DIR}/controller-manager.kubeconfig" system:kube-controller-manager controller-manager.crt controller-manager.key
+  write_kubeconfig "${KUBECONFIG_DIR}/scheduler.kubeconfig" system:kube-scheduler scheduler.crt scheduler.key
+
+  cat >"${CONTAINERD_DIR}/config.toml" <<EOF
+# containerd config of the gpu-share local cluster (own root/state/socket).
+version = 2
+root = "${CONTAINERD_DIR}/root"
+state = "${CONTAINERD_DIR}/state"
+plugin_dir = ""
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs"]
+
+[grpc]
+  address = "${CONTAINERD_SOCK}"
+
+[ttrpc]
+  address = "${CONTAINERD_SOCK}.ttrpc"
+
+[debug]
+  address = ""
+
+[metrics]
+  address = ""
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "${CONTAINERD_DIR}/opt"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "${PAUSE_IMAGE}"
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  enable_selinux = false
+  max_container_log_line_size = 16384
+
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    discard_unpacked_layers = false
+
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        BinaryName = "$(command -v runc)"
+        Root = "${CONTAINERD_DIR}/runc"
+        SystemdCgroup = false
+
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "${CNI_BIN_DIR}"
+    conf_dir = "${CNI_DIR}/net.d"
+    max_conf_num = 1
+EOF
+
+  cat >"${CNI_DIR}/net.d/10-gpu-share.conflist" <<EOF
+{
+  "cniVersion": "1.0.0",
+  "name": "gpu-share-local",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "${BRIDGE}",
+      "isGateway": true,
+      "ipMasq": false,
+      "hairpinMode": true,
+      "ipam": {
+        "type": "host-local",
+        "ranges": [[{"subnet": "${POD_CIDR}"}]],
+        "routes": [{"dst": "0.0.0.0/0"}],
+        "dataDir": "${CNI_DIR}/networks"
+      }
+    }
+  ]
+}
+EOF
+
+  cat >"${CONF_DIR}/kubelet.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: 127.0.0.1
+port: ${KUBELET_PORT}
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: 10248
+tlsCertFile: ${PKI_DIR}/kubelet-serving.crt
+tlsPrivateKeyFile: ${PKI_DIR}/kubelet-serving.key
+authentication:
+  anonymous:
+    enabled: false
+  webhook:
+    enabled: true
+  x509:
+    clientCAFile: ${PKI_DIR}/ca.crt
+authorization:
+  mode: Webhook
+containerRuntimeEndpoint: unix://${CONTAINERD_SOCK}
+imageServiceEndpoint: unix://${CONTAINERD_SOCK}
+cgroupDriver: cgroupfs
+cgroupsPerQOS: true
+cgroupRoot: /
+enforceNodeAllocatable: ["pods"]
+failSwapOn: false
+protectKernelDefaults: false
+makeIPTablesUtilChains: false
+serializeImagePulls: false
+registerNode: true
+clusterDomain: cluster.local
+resolvConf: /etc/resolv.conf
+podLogsDirectory: ${WORK_DIR}/pod-logs
+maxPods: 110
+# Relaxed eviction: "0%" disables a threshold, so a mostly-full disk does not
+# evict pods or taint the node with disk-pressure.
+evictionHard:
+  memory.available: "100Mi"
+  nodefs.available: "0%"
+  nodefs.inodesFree: "0%"
+  imagefs.available: "0%"
+  imagefs.inodesFree: "0%"
+# Locally imported images cannot be pulled again: never garbage-collect them.
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+enableDebuggingHandlers: true
+enableProfilingHandler: false
+nodeStatusUpdateFrequency: 10s
+fileCheckFrequency: 20s
+syncFrequency: 30s
+EOF
+}
+
+# The apiserver reaches the kubelet through the node's "Hostname" address,
+# i.e. the node name; the kubelet serves on 127.0.0.1 only, so the node name
+# must resolve to 127.0.0.1.  A tagged /etc/hosts line is added (and removed by
+# `down`) unless the name already resolves.
+ensure_hosts_entry() {
+  if getent hosts "${NODE_NAME}" | grep -q '^127\.0\.0\.1 '; then
+    return 0
+  fi
+  if grep -q "${HOSTS_MARK}" /etc/hosts 2>/dev/null; then
+    return 0
+  fi
+  log "adding '127.0.0.1 ${NODE_NAME}' to /etc/hosts (removed by down)"
+  echo "127.0.0.1 ${NODE_NAME} ${HOSTS_MARK}" >>/etc/hosts
+}
+
+remove_hosts_entry() {
+  if grep -q "${HOSTS_MARK}" /etc/hosts 2>/dev/null; then
+    local tmp; tmp="$(grep -v "${HOSTS_MARK}" /etc/hosts)"
+    # Rewrite in place (keeps the inode; /etc/hosts may be a bind mount).
+    printf '%s\n' "${tmp}" >/etc/hosts
+  fi
+}
+
+# ---------------------------------------------------------------- components
+
+start_etcd() {
+  start etcd "${ETCD_BIN}/etcd" \
+    --name=gpu-share-local \
+    --data-dir="${WORK_DIR}/etcd" \
+    --listen-client-urls="http://127.0.0.1:${ETCD_CLIENT_PORT}" \
+    --advertise-client-urls="http://127.0.0.1:${ETCD_CLIENT_PORT}" \
+    --listen-peer-urls="http://127.0.0.1:${ETCD_PEER_PORT}" \
+    --initial-advertise-peer-urls="http://127.0.0.1:${ETCD_PEER_PORT}" \
+    --initial-cluster="gpu-share-local=http://127.0.0.1:${ETCD_PEER_PORT}" \
+    --listen-metrics-urls="" \
+    --quota-backend-bytes=2147483648 \
+    --log-level=warn
+  wait_for "etcd health" etcd "${ETCD_BIN}/etcdctl" --endpoints="http://127.0.0.1:${ETCD_CLIENT_PORT}" endpoint health
+}
+
+start_apiserver() {
+  start kube-apiserver "${K8S_BIN}/kube-apiserver" \
+    --bind-address=127.0.0.1 \
+    --secure-port="${API_PORT}" \
+    --advertise-address=127.0.0.1 \
+    --endpoint-reconciler-type=none \
+    --etcd-servers="http://127.0.0.1:${ETCD_CLIENT_PORT}" \
+    --service-cluster-ip-range="${SERVICE_CIDR}" \
+    --tls-cert-file="${PKI_DIR}/apiserver.crt" \
+    --tls-private-key-file="${PKI_DIR}/apiserver.key" \
+    --client-ca-file="${PKI_DIR}/ca.crt" \
+    --kubelet-client-certificate="${PKI_DIR}/apiserver-kubelet-client.crt" \
+    --kubelet-client-key="${PKI_DIR}/apiserver-kubelet-client.key" \
+    --kubelet-certificate-authority="${PKI_DIR}/ca.crt" \
+    --kubelet-preferred-address-types=Hostname,InternalIP \
+    --service-account-issuer="https://kubernetes.default.svc.cluster.local" \
+    --service-account-key-file="${PKI_DIR}/sa.pub" \
+    --service-account-signing-key-file="${PKI_DIR}/sa.key" \
+    --api-audiences="https://kubernetes.default.svc.cluster.local" \
+    --authorization-mode=Node,RBAC \
+    --enable-admission-plugins=NodeRestriction \
+    --allow-privileged=true \
+    --profiling=false \
+    --v=1
+  wait_for "kube-apiserver /readyz" kube-apiserver kubectl_admin get --raw /readyz
+}
+
+start_controller_manager() {
+  local kc="${KUBECONFIG_DIR}/controller-manager.kubeconfig"
+  start kube-controller-manager "${K8S_BIN}/kube-controller-manager" \
+    --kubeconfig="${kc}" \
+    --authentication-kubeconfig="${kc}" \
+    --authorization-kubeconfig="${kc}" \
+    --bind-address=127.0.0.1 \
+    --secure-port=10257 \
+    --leader-elect=false \
+    --use-service-account-credentials=true \
+    --service-account-private-key-file="${PKI_DIR}/sa.key" \
+    --root-ca-file="${PKI_DIR}/ca.crt" \
+    --cluster-signing-cert-file="${PKI_DIR}/ca.crt" \
+    --cluster-signing-key-file="${PKI_DIR}/ca.key" \
+    --service-cluster-ip-range="${SERVICE_CIDR}" \
+    --allocate-node-cidrs=false \
+    --v=1
+}
+
+start_scheduler() {
+  local kc="${KUBECONFIG_DIR}/scheduler.kubeconfig"
+  start kube-scheduler "${K8S_BIN}/kube-scheduler" \
+    --kubeconfig="${kc}" \
+    --authentication-kubeconfig="${kc}" \
+    --authorization-kubeconfig="${kc}" \
+    --bind-address=127.0.0.1 \
+    --secure-port=10259 \
+    --leader-elect=false \
+    --v=1
+}
+
+ctr_k8s() { ctr --address "${CONTAINERD_SOCK}" --namespace k8s.io "$@"; }
+
+start_containerd() {
+  start containerd containerd --config "${CONTAINERD_DIR}/config.toml"
+  wait_for "containerd socket" containerd ctr --address "${CONTAINERD_SOCK}" version
+}
+
+import_images() {
+  local tar
+  for tar in "$@"; do
+    [[ -f "$tar" ]] || die "no such image tar: $tar"
+    log "importing $(basename "$tar") into containerd (namespace k8s.io)"
+    ctr_k8s images import "$tar" >/dev/null
+  done
+}
+
+start_kubelet() {
+  start kubelet "${K8S_BIN}/kubelet" \
+    --config="${CONF_DIR}/kubelet.yaml" \
+    --kubeconfig="${KUBECONFIG_DIR}/kubelet.kubeconfig" \
+    --root-dir="${KUBELET_ROOT_DIR}" \
+    --cert-dir="${PKI_DIR}/kubelet" \
+    --hostname-override="${NODE_NAME}" \
+    --v=2
+}
+
+node_ready() {
+  [[ "$(kubectl_admin get node "${NODE_NAME}" \
+    -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" == True ]]
+}
+
+default_sa_exists() { kubectl_admin -n default get serviceaccount default; }
+
+all_running() {
+  local c
+  for c in "${COMPONENTS[@]}"; do is_running "$c" || return 1; done
+}
+
+cmd_up() {
+  need_root
+  local t0=$SECONDS
+  if all_running && node_ready; then
+    log "cluster already up (node ${NODE_NAME} Ready); nothing to do"
+    return 0
+  fi
+  ensure_packages
+  build_all
+  write_configs
+  ensure_hosts_entry
+  start_etcd
+  start_apiserver
+  start_controller_manager
+  start_scheduler
+  start_containerd
+  import_images "${PAUSE_TAR}" "${BUSYBOX_TAR}"
+  start_kubelet
+  wait_for "node ${NODE_NAME} Ready" kubelet node_ready
+  wait_for "default service account" kube-controller-manager default_sa_exists
+  log "cluster up in $((SECONDS - t0)) s. Use: eval \"\$(${BASH_SOURCE[0]} env)\"; kubectl get nodes"
+}
+
+# ---------------------------------------------------------------- teardown
+
+# Pids of the containerd shims that belong to our containerd.
+our_shims() {
+  local p
+  for p in $(pgrep -f 'containerd-shim' 2>/dev/null || true); do
+    if tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -qF -- "${CONTAINERD_SOCK}"; then
+      echo "$p"
+    fi
+  done
+}
+
+children_of() { pgrep -P "$1" 2>/dev/null || true; }
+
+cleanup_containers() {
+  local shims=() shim child ns inodes=() f
+  mapfile -t shims < <(our_shims)
+  # Remember the network namespaces of our pods before their processes die.
+  for shim in "${shims[@]}"; do
+    for child in $(children_of "$shim"); do
+      ns="$(stat -L -c %i "/proc/${child}/ns/net" 2>/dev/null || true)"
+      [[ -n "$ns" ]] && inodes+=("$ns")
+    done
+  done
+  if ((${#shims[@]})); then
+    log "killing ${#shims[@]} containerd shim(s) and their containers"
+    for shim in "${shims[@]}"; do
+      for child in $(children_of "$shim"); do kill -KILL "$child" 2>/dev/null || true; done
+    done
+    sleep 1
+    for shim in "${shims[@]}"; do kill -KILL "$shim" 2>/dev/null || true; done
+  fi
+  if [[ -d /run/netns ]] && ((${#inodes[@]})); then
+    for f in /run/netns/*; do
+      [[ -e "$f" ]] || continue
+      ns="$(stat -c %i "$f" 2>/dev/null || true)"
+      if printf '%s\n' "${inodes[@]}" | grep -qx -- "$ns"; then
+        umount "$f" 2>/dev/null || umount -l "$f" 2>/dev/null || true
+        rm -f "$f"
+      fi
+    done
+  fi
+}
+
+unmount_work_dir() {
+  local mounts m
+  # Deepest first; mountinfo field 5 is the mount point (octal-escaped).
+  mounts="$(awk -v d="${WORK_DIR}/" 'index($5, d) == 1 { print $5 }' /proc/self/mountinfo | sort -r)"
+  for m in ${mounts}; do
+    m="$(printf '%b' "${m//\\/\\0}")"
+    umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
+  done
+}
+
+# The kubelet always links container logs into /var/log/containers; drop the
+# links that point into our pod log dir.
+remove_log_links() {
+  local l
+  for l in /var/log/containers/*.log; do
+    [[ -L "$l" ]] || continue
+    case "$(readlink "$l")" in "${WORK_DIR}/pod-logs/"*) rm -f "$l" ;; esac
+  done
+}
+
+remove_cgroups() {
+  local h d
+  for h in /sys/fs/cgroup/*/; do
+    [[ -d "${h}kubepods" ]] || continue
+    find "${h}kubepods" -depth -type d -exec rmdir {} \; 2>/dev/null || true
+  done
+}
+
+cmd_down() {
+  need_root
+  stop kubelet
+  stop kube-scheduler
+  stop kube-controller-manager
+  cleanup_containers
+  stop containerd
+  stop kube-apiserver
+  stop etcd
+  unmount_work_dir
+  ip link del "${BRIDGE}" 2>/dev/null || true
+  remove_cgroups
+  remove_log_links
+  remove_hosts_entry
+  if [[ -d "${WORK_DIR}" ]]; then
+    log "removing ${WORK_DIR}"
+    rm -rf "${WORK_DIR}" 2>/dev/null || { unmount_work_dir; rm -rf "${WORK_DIR}"; }
+  fi
+  log "cluster down"
+}
+
+cmd_status() {
+  local c rc=0 pid
+  for c in "${COMPONENTS[@]}"; do
+    if pid="$(pid_of "$c")"; then
+      printf '%-24s running (pid %s)  log %s\n' "$c" "$pid" "${LOG_DIR}/${c}.log"
+    else
+      printf '%-24s not running\n' "$c"
+      rc=1
+    fi
+  done
+  if is_running kube-apiserver && [[ -f "${ADMIN_KUBECONFIG}" ]]; then
+    kubectl_admin get nodes -o wide 2>&1 || rc=1
+    node_ready || rc=1
+  fi
+  return "$rc"
+}
+
+cmd_env() {
+  cat <<EOF
+export GPU_SHARE_CLUSTER_DIR="${WORK_DIR}"
+export KUBECONFIG="${ADMIN_KUBECONFIG}"
+export K8S_BIN_DIR="${K8S_BIN}"
+export KUBECTL="${KUBECTL}"
+export PATH="${K8S_BIN}:\${PATH}"
+export NODE_NAME="${NODE_NAME}"
+export KUBELET_ROOT_DIR="${KUBELET_ROOT_DIR}"
+export DEVICE_PLUGIN_DIR="${KUBELET_ROOT_DIR}/device-plugins"
+export POD_RESOURCES_SOCKET="${KUBELET_ROOT_DIR}/pod-resources/kubelet.sock"
+export CONTAINER_RUNTIME_ENDPOINT="unix://${CONTAINERD_SOCK}"
+export CONTAINERD_ADDRESS="${CONTAINERD_SOCK}"
+export KUBELET_METRICS_URL="https://127.0.0.1:${KUBELET_PORT}/metrics"
+export CLUSTER_CA_CERT="${PKI_DIR}/ca.crt"
+export CLUSTER_ADMIN_CERT="${PKI_DIR}/admin.crt"
+export CLUSTER_ADMIN_KEY="${PKI_DIR}/admin.key"
+export CLUSTER_APISERVER_HOST="127.0.0.1"
+export CLUSTER_APISERVER_PORT="${API_PORT}"
+export SAMPLE_DEVICE_PLUGIN="${K8S_BIN}/sample-device-plugin"
+export CLUSTER_LOG_DIR="${LOG_DIR}"
+export BUSYBOX_IMAGE="${BUSYBOX_IMAGE}"
+EOF
+}
+
+cmd_import_image() {
+  need_root
+  (($#)) || die "usage: $0 import-image TAR..."
+  is_running containerd || die "containerd of the local cluster is not running (run: $0 up)"
+  import_images "$@"
+}
+
+main() {
+case "${1:-}" in
+  up) cmd_up ;;
+  down) cmd_down ;;
+  status) cmd_status ;;
+  env) cmd_env ;;
+  import-image) shift; cmd_import_image "$@" ;;
+  build) ensure_packages; build_all; log "images: ${PAUSE_TAR} ${BUSYBOX_TAR}" ;;
+  logs) shift; exec tail -n 100 -f "${LOG_DIR}/${1:?component}.log" ;;
+  *)
+    sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    exit 2
+    ;;
+esac
+}
+
+# Allow `source hack/local-up-cluster.sh` (for debugging) without running main.
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
+  main "$@"
+fi

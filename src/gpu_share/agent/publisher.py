@@ -1,0 +1,142 @@
+"""Background publishing: annotations and Events never block the kubelet's calls."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from gpu_share.agent.ports import Publisher
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Event:
+    namespace: str | None  # None: node event
+    name: str
+    reason: str
+    message: str
+    warning: bool
+
+
+class BackgroundPublisher:
+    """Coalesces work: many inventory changes in a burst become one node patch.
+
+    ``node_annotations`` and ``pod_annotations`` are callables evaluated at publish
+    time, so the newest state is what gets written.
+    """
+
+    def __init__(
+        self,
+        target: Publisher,
+        node_name: str,
+        node_annotations: Callable[[], Mapping[str, str | None]],
+        pod_annotations: Callable[[str, str], Mapping[str, str | None] | None],
+        *,
+        enable_node: bool = True,
+        enable_pods: bool = True,
+        enable_events: bool = True,
+        on_error: Callable[[str], None] | None = None,
+    ) -> None:
+        self._target = target
+        self._node_name = node_name
+        self._node_annotations = node_annotations
+        self._pod_annotations = pod_annotations
+        self._enable = (enable_node, enable_pods, enable_events)
+        self._on_error = on_error
+        self._cond = threading.Condition()
+        self._node_dirty = False
+        self._pods: set[tuple[str, str]] = set()
+        self._events: list[_Event] = []
+        self._stopping = False
+        self._idle = True
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="publisher", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def node_changed(self) -> None:
+        if self._enable[0]:
+            with self._cond:
+                self._node_dirty = True
+                self._cond.notify_all()
+
+    def pod_changed(self, namespace: str, name: str) -> None:
+        if self._enable[1]:
+            with self._cond:
+                self._pods.add((namespace, name))
+                self._cond.notify_all()
+
+    def event(
+        self, namespace: str | None, name: str, *, reason: str, message: str, warning: bool
+    ) -> None:
+        if self._enable[2]:
+            with self._cond:
+                if len(self._events) < 1000:  # bounded: drop rather than grow without limit
+                    self._events.append(_Event(namespace, name, reason, message, warning))
+                self._cond.notify_all()
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Wait until everything queued so far has been attempted (tests, shutdown)."""
+        with self._cond:
+            return self._cond.wait_for(
+                lambda: self._idle
+                and not (self._node_dirty or self._pods or self._events),
+                timeout_s,
+            )
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._idle = True
+                self._cond.notify_all()
+                self._cond.wait_for(
+                    lambda: self._stopping or self._node_dirty or bool(self._pods or self._events)
+                )
+                node_dirty, self._node_dirty = self._node_dirty, False
+                pods, self._pods = self._pods, set()
+                events, self._events = self._events, []
+                stopping = self._stopping
+                self._idle = False
+            self._publish(node_dirty, pods, events)
+            if stopping:
+                with self._cond:
+                    self._idle = True
+                    self._cond.notify_all()
+                return
+
+    def _publish(
+        self, node_dirty: bool, pods: set[tuple[str, str]], events: list[_Event]
+    ) -> None:
+        t = self._target
+        if node_dirty:
+            self._guard("annotate_node", t.annotate_node, self._node_name,
+                        self._node_annotations())
+        for ns, name in sorted(pods):
+            ann = self._pod_annotations(ns, name)
+            if ann:
+                self._guard("annotate_pod", t.annotate_pod, ns, name, ann)
+        for ev in events:
+            kw = {"reason": ev.reason, "message": ev.message, "warning": ev.warning}
+            if ev.namespace is None:
+                self._guard("event", t.node_event, ev.name, **kw)
+            else:
+                self._guard("event", t.pod_event, ev.namespace, ev.name, **kw)
+
+    def _guard(self, what: str, fn: Callable[..., object], *args: object, **kw: object) -> None:
+        try:
+            fn(*args, **kw)
+        except Exception as exc:  # publishing must never take the agent down
+            log.warning("%s failed: %s", what, exc)
+            if self._on_error is not None:
+                self._on_error(what)

@@ -1,0 +1,202 @@
+"""``gpu-share-plugin``: the node agent's composition root.
+
+Wires config -> logging -> device backend -> API server access (optional) -> node agent
+-> one gRPC server per resource, and runs until SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from types import FrameType
+
+from gpu_share.agent.node_agent import AgentMetrics, DeviceRow, NodeAgent
+from gpu_share.agent.ports import PodSource, Publisher
+from gpu_share.config.loader import load_config
+from gpu_share.config.model import AgentConfig
+from gpu_share.devices.factory import start_backend
+from gpu_share.errors import ConfigError, DeviceBackendError, GpuShareError, KubeAccessError
+from gpu_share.observability.http import Heartbeat, start_http
+from gpu_share.observability.logging import configure_logging
+from gpu_share.observability.metrics import Metrics
+from gpu_share.plugin.manager import PluginManager
+from gpu_share.plugin.podresources import PodResourcesClient
+from gpu_share.plugin.sizeguard import check_listandwatch_size
+from gpu_share.sharing.inventory import Inventory
+from gpu_share.sharing.model import AdvertisedDevice, ResourceKind
+
+log = logging.getLogger("gpu_share.plugin_main")
+
+
+class PrometheusAgentMetrics(AgentMetrics):
+    def __init__(self, m: Metrics) -> None:
+        self.m = m
+
+    def observe_call(self, call: str, resource: str, seconds: float) -> None:
+        h = self.m.allocate_seconds if call == "allocate" else self.m.preferred_allocation_seconds
+        h.labels(resource=resource).observe(seconds)
+
+    def allocation(self, resource: str, source: str) -> None:
+        self.m.allocations_total.labels(resource=resource, source=source).inc()
+
+    def failure(self, resource: str, reason: str) -> None:
+        self.m.allocation_failures_total.labels(resource=resource, reason=reason).inc()
+
+    def degraded(self, reason: str) -> None:
+        self.m.degraded_decisions_total.labels(reason=reason).inc()
+
+    def ambiguous(self) -> None:
+        self.m.identity_ambiguous_total.inc()
+
+    def kube_error(self, op: str) -> None:
+        self.m.kube_errors_total.labels(op=op).inc()
+
+    def ledger_write(self) -> None:
+        self.m.ledger_writes_total.inc()
+
+    def devices(self, rows: Sequence[DeviceRow]) -> None:
+        for row in rows:
+            self.m.set_device_healthy(row.device, row.healthy)
+            for resource, used, total in row.units:
+                self.m.set_device_units(row.device, resource, used, total - used)
+
+
+def _kube_clients(cfg: AgentConfig, metrics: Metrics) -> tuple[PodSource | None, Publisher | None]:
+    """API server access, or (None, None) to run standalone."""
+    wants_api = cfg.identity.use_api_server or any(
+        (cfg.publish.node_annotation, cfg.publish.pod_annotation, cfg.publish.events)
+    )
+    if not wants_api:
+        return None, None
+    # Imported lazily: standalone runs never load the kubernetes client.
+    from gpu_share.kube.client import make_api_client
+    from gpu_share.kube.pods import KubePodSource
+    from gpu_share.kube.publish import KubePublisher
+
+    try:
+        api = make_api_client()
+    except KubeAccessError as exc:
+        log.warning(
+            "no API server configured; running standalone (identity from PodResources, no"
+            " annotations or Events): %s", exc,
+        )
+        return None, None
+    pods = KubePodSource.from_config(api, cfg.resources) if cfg.identity.use_api_server else None
+    publisher = KubePublisher(
+        api,
+        host_node=cfg.node_name,
+        on_error=lambda kind, _exc: metrics.kube_errors_total.labels(op=kind).inc(),
+    )
+    return pods, publisher
+
+
+def _guard_sizes(agent: NodeAgent, cfg: AgentConfig) -> None:
+    """Refuse a config whose ListAndWatch answer would exceed 1 MiB."""
+    devices = agent.backend.devices()
+    for handler in agent.handlers():
+        kind = handler.kind
+
+        def rebuild(unit_mib: int, kind: ResourceKind = kind) -> list[AdvertisedDevice]:
+            return Inventory.from_devices(devices, unit_mib).advertised(kind)
+
+        check_listandwatch_size(
+            handler.resource_name,
+            handler.list_devices(),
+            unit_mib=cfg.memory_unit_mib if kind is ResourceKind.MEMORY else None,
+            rebuild=rebuild if kind is ResourceKind.MEMORY else None,
+        )
+
+
+def run(cfg: AgentConfig, stop: threading.Event) -> int:
+    metrics = Metrics()
+    try:
+        backend = start_backend(cfg)
+    except DeviceBackendError as exc:
+        log.error("device backend failed: %s", exc, extra={"reason": exc.reason})
+        return 1
+    pods, publisher = _kube_clients(cfg, metrics)
+    pr = PodResourcesClient(
+        cfg.kubelet.pod_resources_socket,
+        timeout_s=cfg.kubelet.pod_resources_timeout_seconds,
+        resource_names=[cfg.resources.memory_resource, cfg.resources.core_resource],
+    )
+    agent = NodeAgent(
+        cfg, backend, pod_resources=pr, pods=pods, publisher=publisher,
+        metrics=PrometheusAgentMetrics(metrics),
+    )
+    try:
+        agent.start()
+        _guard_sizes(agent, cfg)
+    except GpuShareError as exc:
+        log.error("cannot start: %s", exc, extra={"reason": exc.reason})
+        agent.stop()
+        return 1
+
+    manager = PluginManager(agent.handlers(), cfg.kubelet.device_plugin_dir)
+    heartbeat = Heartbeat(max_age_s=30.0)
+    http = None
+    if cfg.metrics.enabled:
+        http = start_http(
+            metrics.registry,
+            bind_address=cfg.metrics.bind_address,
+            port=cfg.metrics.port,
+            liveness=heartbeat.alive,
+            readiness=lambda: all(p.registered for p in manager.plugins),
+        )
+        log.info("metrics and probes served", extra={"port": http.port})
+    runner = threading.Thread(target=manager.run_until, args=(stop,), name="plugins", daemon=True)
+    try:
+        manager.start(require_registration=False)
+        runner.start()
+        seen = {p.handler.resource_name: p.registrations for p in manager.plugins}
+        while not stop.wait(0.5):
+            if not runner.is_alive():
+                log.error("plugin manager stopped unexpectedly")
+                return 1
+            heartbeat.beat()
+            for p in manager.plugins:
+                name = p.handler.resource_name
+                if p.registrations > seen[name]:
+                    metrics.registrations_total.labels(resource=name).inc(
+                        p.registrations - seen[name]
+                    )
+                    if seen[name] > 0:
+                        metrics.reregistrations_total.inc()
+                        # The kubelet restarted: catch up with what it now knows.
+                        threading.Thread(target=agent.reconcile, daemon=True).start()
+                    seen[name] = p.registrations
+        return 0
+    finally:
+        log.info("shutting down")
+        manager.stop()
+        runner.join(timeout=5.0)
+        agent.stop()
+        pr.close()
+        if http is not None:
+            http.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        cfg = load_config(argv)
+    except ConfigError as exc:
+        print(f"gpu-share-plugin: invalid configuration:\n{exc}", file=sys.stderr)
+        return 2
+    configure_logging(cfg.logging.level, cfg.logging.format)
+    stop = threading.Event()
+
+    def _on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("signal received", extra={"signal": signal.Signals(signum).name})
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    log.info("starting", extra={"node": cfg.node_name, "backend": cfg.backend.value})
+    return run(cfg, stop)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""Prometheus metrics of the agent, in a dedicated registry (never the global one).
+
+One ``Metrics`` object per process; tests make their own. All names start with
+``gpu_share_``. Label values are small closed sets (resource names, reasons, device
+uuids), never pod names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+PREFIX = "gpu_share"
+
+# Kubelet calls run from ~0.1 ms (cache hit) to ~1 s (API server round trips).
+LATENCY_BUCKETS: tuple[float, ...] = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+)
+
+UNIT_STATES: tuple[str, ...] = ("used", "free")
+
+
+class Metrics:
+    """Every metric the agent exports, bound to ``self.registry``."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.allocations_total = Counter(
+            f"{PREFIX}_allocations_total",
+            "Allocate answers given, by resource and by what decided the device.",
+            ["resource", "source"],
+            registry=r,
+        )
+        self.allocation_failures_total = Counter(
+            f"{PREFIX}_allocation_failures_total",
+            "Allocate or GetPreferredAllocation calls refused, by error reason.",
+            ["resource", "reason"],
+            registry=r,
+        )
+        self.degraded_decisions_total = Counter(
+            f"{PREFIX}_degraded_decisions_total",
+            "Placements made without full pod knowledge, by why.",
+            ["reason"],
+            registry=r,
+        )
+        self.identity_ambiguous_total = Counter(
+            f"{PREFIX}_identity_ambiguous_total",
+            "Kubelet calls whose pod/container could not be told apart from another.",
+            registry=r,
+        )
+        self.device_units = Gauge(
+            f"{PREFIX}_device_units",
+            "Units of a device by resource and state (used|free).",
+            ["device", "resource", "state"],
+            registry=r,
+        )
+        self.device_healthy = Gauge(
+            f"{PREFIX}_device_healthy",
+            "1 when the device is healthy, 0 otherwise.",
+            ["device"],
+            registry=r,
+        )
+        self.allocate_seconds = Histogram(
+            f"{PREFIX}_allocate_seconds",
+            "Time to answer one kubelet Allocate call.",
+            ["resource"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.preferred_allocation_seconds = Histogram(
+            f"{PREFIX}_preferred_allocation_seconds",
+            "Time to answer one kubelet GetPreferredAllocation call.",
+            ["resource"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.registrations_total = Counter(
+            f"{PREFIX}_registrations_total",
+            "Successful registrations with the kubelet, by resource.",
+            ["resource"],
+            registry=r,
+        )
+        self.reregistrations_total = Counter(
+            f"{PREFIX}_reregistrations_total",
+            "Re-registrations after the kubelet restarted or removed our socket.",
+            registry=r,
+        )
+        self.ledger_writes_total = Counter(
+            f"{PREFIX}_ledger_writes_total",
+            "Writes of the persisted allocation ledger.",
+            registry=r,
+        )
+        self.kube_errors_total = Counter(
+            f"{PREFIX}_kube_errors_total",
+            "Failed calls to the API server or PodResources, by operation.",
+            ["op"],
+            registry=r,
+        )
+
+    def set_device_units(self, device: str, resource: str, used: int, free: int) -> None:
+        self.device_units.labels(device=device, resource=resource, state="used").set(used)
+        self.device_units.labels(device=device, resource=resource, state="free").set(free)
+
+    def set_device_healthy(self, device: str, healthy: bool) -> None:
+        self.device_healthy.labels(device=device).set(1 if healthy else 0)
+
+    def forget_device(self, device: str, resources: Iterable[str]) -> None:
+        """Drop the series of a device that is gone, so it stops being exported."""
+        for resource in resources:
+            for state in UNIT_STATES:
+                with contextlib.suppress(KeyError):
+                    self.device_units.remove(device, resource, state)
+        with contextlib.suppress(KeyError):
+            self.device_healthy.remove(device)
+
+    def render(self) -> bytes:
+        """Text exposition format of this registry."""
+        return generate_latest(self.registry)

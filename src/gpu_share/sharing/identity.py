@@ -1,0 +1,106 @@
+"""Which container a kubelet GetPreferredAllocation/Allocate call belongs to.
+
+The kubelet names neither pod nor container. It admits one pod at a time, containers
+in admission order, and for each container every device-plugin resource (random
+order), recording a resource's devices (visible in PodResources) only after its
+Allocate returned. So the call for resource R with ``size`` units belongs to the FIRST
+container (admission order) of an active pod that
+
+* requests R with exactly ``size`` units,
+* has no R devices in PodResources and no allocated R ids in the ledger,
+* and is not preceded, in its pod, by a container still missing any of our resources.
+
+Several qualifying pods (stale or racing pods) are ranked: an open ledger entry first,
+then the earliest created pod, then namespace/name; the others are counted.
+IDs that the caller passes (``must_include`` / Allocate IDs) held by an init container
+of one pod restrict the candidates to that pod (init-container reuse).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from gpu_share.sharing.ledger import Ledger, LedgerEntry, PodKey
+from gpu_share.sharing.model import (
+    ContainerView,
+    PodResourcesView,
+    PodView,
+    ResourceKind,
+    ResourceNames,
+)
+
+
+@dataclass(frozen=True)
+class IdentityMatch:
+    pod: PodView
+    container: ContainerView
+    order: int  # index in PodView.containers (admission order)
+    entry: LedgerEntry | None  # the container's ledger entry, if any
+    ambiguity: int  # how many other containers qualified too
+
+
+def _present(
+    kind: ResourceKind,
+    pr_devices: Mapping[str, Sequence[str]],
+    names: ResourceNames,
+    entry: LedgerEntry | None,
+) -> bool:
+    return bool(pr_devices.get(names.name_of(kind))) or (
+        entry is not None and entry.allocated(kind)
+    )
+
+
+def resolve(
+    kind: ResourceKind,
+    size: int,
+    hint_ids: Sequence[str],
+    pr: PodResourcesView,
+    pods: Mapping[PodKey, PodView],
+    ledger: Ledger,
+    names: ResourceNames,
+) -> IdentityMatch | None:
+    """The container this call belongs to, or None when no active pod qualifies."""
+    hint = set(hint_ids)
+    hinted_pods: set[PodKey] = set()
+    candidates: list[IdentityMatch] = []
+    for prp in pr.pods:
+        key = (prp.namespace, prp.name)
+        view = pods.get(key)
+        if view is None or view.terminal or view.deleted:
+            continue
+        pr_containers = {c.name: c.devices for c in prp.containers}
+        if hint:
+            held = {i for c in prp.containers for i in c.devices.get(names.name_of(kind), ())}
+            if held & hint:
+                hinted_pods.add(key)
+        for order, c in enumerate(view.containers):
+            if c.request.empty:
+                continue
+            devs = pr_containers.get(c.name, {})
+            entry = ledger.find(view.namespace, view.name, c.name, view.uid)
+            if (
+                c.request.amount(kind) == size
+                and size > 0
+                and not _present(kind, devs, names, entry)
+            ):
+                candidates.append(IdentityMatch(view, c, order, entry, 0))
+                break
+            if any(
+                c.request.amount(k) > 0 and not _present(k, devs, names, entry)
+                for k in ResourceKind
+            ):
+                break  # an earlier container is still being admitted
+    if hinted_pods:
+        narrowed = [m for m in candidates if (m.pod.namespace, m.pod.name) in hinted_pods]
+        candidates = narrowed or candidates
+    if not candidates:
+        return None
+
+    def rank(m: IdentityMatch) -> tuple[int, float, str, str]:
+        open_entry = m.entry is not None
+        return (0 if open_entry else 1, m.pod.created_at, m.pod.namespace, m.pod.name)
+
+    candidates.sort(key=rank)
+    best = candidates[0]
+    return IdentityMatch(best.pod, best.container, best.order, best.entry, len(candidates) - 1)

@@ -1,0 +1,116 @@
+"""helm lint/template of the default values and every values-examples file, with helm 3
+and helm 4, and every rendered object against the strict Kubernetes schemas."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from .conftest import (
+    CHART,
+    EXAMPLES,
+    KUBE_MINORS,
+    RELEASE,
+    by_kind,
+    helm_path,
+    k8s_validator,
+    render,
+)
+
+# (id, values files): the default values plus each example.
+CASES = [("default", ()), *[(p.stem, (p,)) for p in EXAMPLES]]
+CASE_IDS = [c[0] for c in CASES]
+# Kinds from CRDs the Kubernetes schemas do not know.
+CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+
+
+def test_every_example_starts_with_when_to_use_it() -> None:
+    assert len(EXAMPLES) >= 7
+    for path in EXAMPLES:
+        first = path.read_text().splitlines()[0]
+        assert first.startswith("# Use when:"), f"{path.name}: {first!r}"
+
+
+@pytest.mark.parametrize(("case", "values"), CASES, ids=CASE_IDS)
+def test_lint_strict(helm: str, case: str, values: tuple[Path, ...]) -> None:
+    args = [helm, "lint", "--strict", str(CHART)]
+    for v in values:
+        args += ["-f", str(v)]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(("case", "values"), CASES, ids=CASE_IDS)
+def test_helm3_and_helm4_render_the_same(case: str, values: tuple[Path, ...]) -> None:
+    assert render(helm_path(3), values) == render(helm_path(4), values)
+
+
+@pytest.mark.parametrize("minor", KUBE_MINORS)
+@pytest.mark.parametrize(("case", "values"), CASES, ids=CASE_IDS)
+def test_objects_match_kubernetes_schema(minor: str, case: str, values: tuple[Path, ...]) -> None:
+    # Same render for every minor except the admission policy gate (1.30+).
+    objs = render(helm_path(4), values, kube=f"{minor}.0", vap=True)
+    kinds = set()
+    for obj in objs:
+        kinds.add(obj["kind"])
+        if (obj["apiVersion"], obj["kind"]) in CRD_KINDS:
+            continue
+        validator = k8s_validator(minor, obj["apiVersion"], obj["kind"])
+        errors = sorted(validator.iter_errors(obj), key=lambda e: list(e.absolute_path))
+        assert not errors, (
+            f"{obj['kind']}/{obj['metadata']['name']} invalid on {minor}: "
+            + "; ".join(f"{list(e.absolute_path)}: {e.message}" for e in errors[:5])
+        )
+    assert {"DaemonSet", "ConfigMap", "ServiceAccount", "ClusterRole", "Service", "Pod"} <= kinds
+    assert ("ValidatingAdmissionPolicy" in kinds) == (minor != "1.29")
+
+
+def test_admission_policy_only_where_the_cluster_serves_it() -> None:
+    helm = helm_path(4)
+    assert by_kind(render(helm, kube="1.34.0", vap=True), "ValidatingAdmissionPolicy")
+    assert not by_kind(render(helm, kube="1.34.0", vap=False), "ValidatingAdmissionPolicy")
+    assert not by_kind(render(helm, kube="1.29.0", vap=True), "ValidatingAdmissionPolicy")
+    off = render(helm, sets=["admissionPolicy.enabled=false"], kube="1.34.0", vap=True)
+    assert not by_kind(off, "ValidatingAdmissionPolicyBinding")
+
+
+def test_admission_policy_scopes_writes_to_the_own_node() -> None:
+    objs = render(helm_path(4))
+    policy = by_kind(objs, "ValidatingAdmissionPolicy")[0]["spec"]
+    binding = by_kind(objs, "ValidatingAdmissionPolicyBinding")[0]["spec"]
+    assert binding["validationActions"] == ["Deny"]
+    assert (
+        binding["policyName"] == by_kind(objs, "ValidatingAdmissionPolicy")[0]["metadata"]["name"]
+    )
+    rules = policy["matchConstraints"]["resourceRules"]
+    assert rules == [
+        {
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "operations": ["UPDATE"],
+            "resources": ["nodes", "pods"],
+        }
+    ]
+    sa = by_kind(objs, "ServiceAccount")[0]["metadata"]
+    assert (
+        f'"system:serviceaccount:{sa["namespace"]}:{sa["name"]}"'
+        in policy["matchConditions"][0]["expression"]
+    )
+    text = str(policy)
+    assert "authentication.kubernetes.io/node-name" in text
+    assert "object.metadata.name == variables.nodeName" in text
+    assert "oldObject.spec.nodeName == variables.nodeName" in text
+
+
+def test_service_monitor_only_when_enabled() -> None:
+    helm = helm_path(4)
+    assert not by_kind(render(helm), "ServiceMonitor")
+    objs = render(helm, sets=["metrics.serviceMonitor.enabled=true"])
+    (monitor,) = by_kind(objs, "ServiceMonitor")
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    for svc in by_kind(objs, "Service"):
+        assert selector.items() <= svc["metadata"]["labels"].items()
+    assert RELEASE in monitor["metadata"]["name"]

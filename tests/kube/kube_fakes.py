@@ -1,0 +1,200 @@
+"""A fake HTTP edge for the kubernetes client: replaces the urllib3 pool manager of an
+ApiClient, records every request and answers from a handler."""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import urllib3
+from kubernetes import client as k8s
+
+
+@dataclass(frozen=True)
+class ApiServer:
+    """What the ``apiserver`` fixture (conftest.py) yields."""
+
+    url: str
+    port: int
+    kubeconfig: str  # admin (system:masters) kubeconfig
+    ca_file: str
+
+
+@dataclass
+class Call:
+    method: str
+    path: str
+    query: dict[str, str]
+    headers: dict[str, str]
+    body: Any
+    timeout: Any
+
+    def rbac(self) -> tuple[str, str, str]:
+        """(apiGroup, resource, verb) this request needs, for core/v1 paths."""
+        parts = self.path.strip("/").split("/")
+        assert parts[:2] == ["api", "v1"], self.path
+        rest = parts[2:]
+        if rest[:1] == ["namespaces"] and len(rest) >= 3:
+            rest = rest[2:]
+        resource, name = rest[0], (rest[1] if len(rest) > 1 else "")
+        if len(rest) > 2:
+            resource = f"{resource}/{rest[2]}"
+        verb = {
+            "POST": "create",
+            "PATCH": "patch",
+            "PUT": "update",
+            "DELETE": "delete" if name else "deletecollection",
+        }.get(self.method)
+        if verb is None:
+            if name:
+                verb = "get"
+            else:
+                verb = "watch" if self.query.get("watch") in ("true", "True", "1") else "list"
+        return ("", resource, verb)
+
+
+class FakeStream:
+    """A streaming answer (a watch) fed line by line from a queue."""
+
+    def __init__(self, lines: list[dict[str, Any]] | None = None, *, block: bool = False):
+        self.status = 200
+        self.reason = "OK"
+        self.headers: dict[str, str] = {"Content-Type": "application/json"}
+        self.data = b""
+        self._q: queue.Queue[bytes | None] = queue.Queue()
+        for obj in lines or ():
+            self._q.put(json.dumps(obj).encode() + b"\n")
+        if not block:
+            self._q.put(None)
+        self.shut = threading.Event()
+
+    def feed(self, obj: dict[str, Any]) -> None:
+        self._q.put(json.dumps(obj).encode() + b"\n")
+
+    def stream(self, amt: Any = None, decode_content: Any = None) -> Iterator[bytes]:
+        # Bounded: at most 1000 chunks, each waited for at most 10 s.
+        for _ in range(1000):
+            try:
+                item = self._q.get(timeout=10)
+            except queue.Empty:
+                return
+            if item is None:
+                return
+            yield item
+
+    def shutdown(self) -> None:
+        self.shut.set()
+        self._q.put(None)
+
+    def release_conn(self) -> None:
+        pass
+
+
+Handler = Callable[[Call], "tuple[int, Any] | FakeStream"]
+
+
+@dataclass
+class FakeHttp:
+    handler: Handler
+    calls: list[Call] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def request(
+        self,
+        method: str,
+        url: str,
+        body: Any = None,
+        fields: Any = None,
+        timeout: Any = None,
+        headers: Any = None,
+        preload_content: bool = False,
+        **_: Any,
+    ) -> Any:
+        parts = urlsplit(url)
+        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        call = Call(
+            method=method,
+            path=parts.path,
+            query=query,
+            headers=dict(headers or {}),
+            body=json.loads(body) if body else None,
+            timeout=timeout,
+        )
+        with self.lock:
+            self.calls.append(call)
+        answer = self.handler(call)
+        if isinstance(answer, FakeStream):
+            return answer
+        status, obj = answer
+        if isinstance(obj, Exception):
+            raise obj
+        data = json.dumps(obj).encode() if obj is not None else b""
+        return urllib3.HTTPResponse(
+            body=data,
+            status=status,
+            reason="OK" if status < 400 else "Error",
+            headers={"Content-Type": "application/json"},
+            preload_content=True,
+        )
+
+
+def fake_api(handler: Handler) -> tuple[k8s.ApiClient, FakeHttp]:
+    api = k8s.ApiClient(k8s.Configuration(host="http://127.0.0.1:9"))
+    http = FakeHttp(handler)
+    api.rest_client.pool_manager = http
+    return api, http
+
+
+def status_obj(code: int, reason: str = "NotFound", message: str = "nope") -> dict[str, Any]:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "code": code,
+        "reason": reason,
+        "message": message,
+    }
+
+
+def pod_obj(
+    name: str,
+    *,
+    namespace: str = "ns",
+    uid: str | None = None,
+    node: str = "node-a",
+    init: list[dict[str, Any]] | None = None,
+    app: list[dict[str, Any]] | None = None,
+    rv: str = "1",
+    deleting: bool = False,
+    annotations: dict[str, str] | None = None,
+    phase: str = "Pending",
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": namespace,
+        "uid": uid or f"uid-{name}",
+        "resourceVersion": rv,
+        "creationTimestamp": "2024-05-01T10:00:00Z",
+    }
+    if annotations:
+        meta["annotations"] = annotations
+    if deleting:
+        meta["deletionTimestamp"] = "2024-05-01T10:05:00Z"
+    spec: dict[str, Any] = {
+        "nodeName": node,
+        "containers": app if app is not None else [{"name": "main"}],
+    }
+    if init:
+        spec["initContainers"] = init
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
+        "spec": spec,
+        "status": {"phase": phase},
+    }

@@ -1,0 +1,117 @@
+"""Every API call of gpu_share.kube is covered by rbac.AGENT_RULES, and every rule is used."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from kube_fakes import Call, FakeStream, fake_api, pod_obj
+
+import gpu_share.kube
+from gpu_share.config.model import ResourcesConfig
+from gpu_share.kube.pods import KubePodSource, NodePodCache
+from gpu_share.kube.publish import KubePublisher
+from gpu_share.kube.rbac import AGENT_RULES, merged_rules
+
+KUBE_DIR = Path(gpu_share.kube.__file__).parent
+
+# Generated CoreV1Api method prefix -> RBAC verb.
+VERBS = {
+    "read": "get",
+    "list": "list",
+    "patch": "patch",
+    "create": "create",
+    "delete": "delete",
+    "replace": "update",
+}
+
+
+def granted() -> set[tuple[str, str, str]]:
+    return {(g, r, v) for (g, r), verbs in merged_rules().items() for v in verbs}
+
+
+def exercise_everything() -> set[tuple[str, str, str]]:
+    """Drive every public operation of the package against a fake API server."""
+    streams: list[FakeStream] = []
+
+    def handler(call: Call) -> Any:
+        if call.query.get("watch") == "true":
+            s = FakeStream(block=True)
+            streams.append(s)
+            return s
+        if call.method == "GET" and call.path == "/api/v1/pods":
+            return 200, {"metadata": {"resourceVersion": "5"}, "items": [pod_obj("a")]}
+        if call.method == "GET" and "/pods/" in call.path:
+            return 200, pod_obj("p")
+        if call.method == "GET" and "/nodes/" in call.path:
+            return 200, {"metadata": {"name": "node-a"}}
+        return 200, {}
+
+    api, http = fake_api(handler)
+    src = KubePodSource.from_config(api, ResourcesConfig())
+    src.get_pod("ns", "p")
+    src.list_node_pods("node-a")
+    cache = NodePodCache(src, "node-a")
+    cache.start()
+    try:
+        assert cache.wait_synced(10)
+        deadline = time.monotonic() + 10
+        while not streams and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert streams, "the cache never opened its watch"
+    finally:
+        cache.stop()
+    pub = KubePublisher(api, host_node="node-a")
+    pub.annotate_node("node-a", {"a": "1"})
+    pub.annotate_pod("ns", "p", {"a": None})
+    pub.node_annotations("node-a")
+    pub.pod_event("ns", "p", reason="R", message="m", warning=True)
+    pub.pod_event("ns", "p", reason="R", message="m", warning=True)  # aggregated: patch
+    pub.node_event("node-a", reason="R", message="m", warning=False)
+    assert pub.failures == {}
+    return {c.rbac() for c in http.calls}
+
+
+def test_every_recorded_call_is_granted_and_every_rule_is_used() -> None:
+    used = exercise_everything()
+    assert used <= granted(), f"calls not in rbac.AGENT_RULES: {sorted(used - granted())}"
+    assert granted() <= used, f"rules never used: {sorted(granted() - used)}"
+
+
+def static_calls() -> set[str]:
+    """Names of generated API methods referenced in the package's source."""
+    pattern = re.compile(r"_core\.((?:read|list|patch|create|delete|replace)_[a-z_]+)\b")
+    names: set[str] = set()
+    for path in KUBE_DIR.glob("*.py"):
+        names.update(pattern.findall(path.read_text()))
+    return names
+
+
+def method_rule(name: str) -> tuple[str, str, str]:
+    verb, _, rest = name.partition("_")
+    rest = rest.removeprefix("namespaced_").removesuffix("_for_all_namespaces")
+    return ("", rest + "s", VERBS[verb])
+
+
+def test_every_api_method_in_the_source_is_granted() -> None:
+    names = static_calls()
+    # Sanity: the scan sees the calls we know are there (a broken regex would pass).
+    assert {
+        "read_namespaced_pod",
+        "list_pod_for_all_namespaces",
+        "patch_node",
+        "create_namespaced_event",
+        "patch_namespaced_event",
+    } <= names
+    missing = {n: method_rule(n) for n in names if method_rule(n) not in granted()}
+    assert not missing, f"API methods without an RBAC rule: {missing}"
+
+
+def test_rules_have_no_duplicates() -> None:
+    seen: set[tuple[str, str, str]] = set()
+    for group, resource, verbs in AGENT_RULES:
+        for v in verbs:
+            assert (group, resource, v) not in seen
+            seen.add((group, resource, v))

@@ -1,0 +1,120 @@
+"""PodResources client against the fake kubelet endpoint."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpu_share.errors import KubeAccessError
+from gpu_share.plugin.podresources import PodResourcesClient
+from gpu_share.sharing.model import PodResourcesContainer, PodResourcesPod, PodResourcesView
+from tests.support.kubelet_stub import FakePodResources
+
+MEM = "vendor.com/vcuda-memory"
+CORE = "vendor.com/vcuda-core"
+OTHER = "example.com/fpga"
+
+VIEW = PodResourcesView(
+    pods=(
+        PodResourcesPod(
+            namespace="ns",
+            name="p1",
+            containers=(
+                PodResourcesContainer(
+                    "init", {MEM: ("GPU-a-0", "GPU-a-1"), CORE: ("GPU-a-c0",), OTHER: ("f0",)}
+                ),
+                PodResourcesContainer("app", {}),
+            ),
+        ),
+        PodResourcesPod(namespace="other", name="p2", containers=()),
+    )
+)
+
+
+@pytest.fixture
+def fake(sock_dir: Path) -> Iterator[FakePodResources]:
+    f = FakePodResources(sock_dir / "pod-resources" / "kubelet.sock").start()
+    try:
+        yield f
+    finally:
+        f.stop()
+
+
+def test_list_converts_all_resources_without_filter(fake: FakePodResources) -> None:
+    fake.set_pods(VIEW)
+    client = PodResourcesClient(fake.socket_path, timeout_s=2)
+    try:
+        assert client.list() == VIEW
+    finally:
+        client.close()
+
+
+def test_list_keeps_only_our_resources_but_every_pod(fake: FakePodResources) -> None:
+    fake.set_pods(VIEW)
+    client = PodResourcesClient(fake.socket_path, resource_names={MEM, CORE})
+    try:
+        view = client.list()
+    finally:
+        client.close()
+    assert [(p.namespace, p.name) for p in view.pods] == [("ns", "p1"), ("other", "p2")]
+    init = view.pods[0].containers[0]
+    assert dict(init.devices) == {MEM: ("GPU-a-0", "GPU-a-1"), CORE: ("GPU-a-c0",)}
+    assert view.pods[0].containers[1] == PodResourcesContainer("app", {})
+
+
+def test_allocatable(fake: FakePodResources) -> None:
+    fake.set_allocatable({MEM: ["m0", "m1"], OTHER: ["f0"]})
+    client = PodResourcesClient(fake.socket_path, resource_names=[MEM])
+    try:
+        assert client.allocatable() == {MEM: ("m0", "m1")}
+    finally:
+        client.close()
+
+
+def test_get_one_pod_or_none(fake: FakePodResources) -> None:
+    fake.set_pods(VIEW)
+    client = PodResourcesClient(fake.socket_path)
+    try:
+        assert client.get("ns", "p1") == VIEW.pods[0]
+        assert client.get("ns", "missing") is None
+    finally:
+        client.close()
+
+
+def test_timeout_raises_kube_access_error(fake: FakePodResources) -> None:
+    fake.delay_s = 3.0
+    client = PodResourcesClient(fake.socket_path, timeout_s=0.2)
+    try:
+        with pytest.raises(KubeAccessError, match="DEADLINE_EXCEEDED") as info:
+            client.list()
+        assert info.value.reason == "KubeUnreachable"
+    finally:
+        client.close()
+
+
+def test_missing_socket_raises_kube_access_error(sock_dir: Path) -> None:
+    client = PodResourcesClient(sock_dir / "absent.sock", timeout_s=0.5)
+    try:
+        with pytest.raises(KubeAccessError, match="UNAVAILABLE"):
+            client.list()
+        with pytest.raises(KubeAccessError):
+            client.allocatable()
+    finally:
+        client.close()
+
+
+def test_reconnects_after_kubelet_restart(fake: FakePodResources) -> None:
+    fake.set_pods(VIEW)
+    client = PodResourcesClient(fake.socket_path, timeout_s=1)
+    try:
+        assert len(client.list().pods) == 2
+        fake.stop()
+        with pytest.raises(KubeAccessError):
+            client.list()
+        fake.set_pods(PodResourcesView())
+        fake.start()
+        assert client.list() == PodResourcesView()
+    finally:
+        client.close()
