@@ -53,6 +53,9 @@ CONTAINERD_DIR="${WORK_DIR}/containerd"
 CONTAINERD_SOCK="${CONTAINERD_DIR}/containerd.sock"
 CNI_DIR="${WORK_DIR}/cni"
 HOSTS_MARK="# gpu-share-local-cluster"
+# The kubelet's device manager ignores --root-dir: its registration socket is
+# always /var/lib/kubelet/device-plugins/kubelet.sock (pluginapi.KubeletSocket).
+DEVICE_PLUGIN_DIR=/var/lib/kubelet/device-plugins
 
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet)
 
@@ -257,6 +260,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
   enable_selinux = false
+  # Never ask for an oom_score_adj below containerd's own: some sandboxed
+  # kernels (gVisor) refuse negative values even to root, which makes every
+  # pod sandbox fail with "failed to update /proc/self/oom_score_adj".
+  restrict_oom_score_adj = true
   max_container_log_line_size = 16384
 
   [plugins."io.containerd.grpc.v1.cri".containerd]
@@ -332,7 +339,7 @@ serializeImagePulls: false
 registerNode: true
 clusterDomain: cluster.local
 resolvConf: /etc/resolv.conf
-podLogsDirectory: ${WORK_DIR}/pod-logs
+podLogsDir: ${WORK_DIR}/pod-logs
 maxPods: 110
 # Relaxed eviction: "0%" disables a threshold, so a mostly-full disk does not
 # evict pods or taint the node with disk-pressure.
@@ -468,6 +475,12 @@ import_images() {
 }
 
 start_kubelet() {
+  local p ours
+  ours="$(pid_of kubelet || true)"
+  for p in $(pgrep -x kubelet || true); do
+    [[ "$p" == "$ours" ]] && continue
+    die "another kubelet (pid $p) is running; it would share ${DEVICE_PLUGIN_DIR} with ours"
+  done
   start kubelet "${K8S_BIN}/kubelet" \
     --config="${CONF_DIR}/kubelet.yaml" \
     --kubeconfig="${KUBECONFIG_DIR}/kubelet.kubeconfig" \
@@ -598,6 +611,8 @@ cmd_down() {
   remove_cgroups
   remove_log_links
   remove_hosts_entry
+  rm -f "${DEVICE_PLUGIN_DIR}/kubelet.sock" "${DEVICE_PLUGIN_DIR}/kubelet_internal_checkpoint"
+  rmdir "${DEVICE_PLUGIN_DIR}" /var/lib/kubelet 2>/dev/null || true
   if [[ -d "${WORK_DIR}" ]]; then
     log "removing ${WORK_DIR}"
     rm -rf "${WORK_DIR}" 2>/dev/null || { unmount_work_dir; rm -rf "${WORK_DIR}"; }
@@ -631,7 +646,7 @@ export KUBECTL="${KUBECTL}"
 export PATH="${K8S_BIN}:\${PATH}"
 export NODE_NAME="${NODE_NAME}"
 export KUBELET_ROOT_DIR="${KUBELET_ROOT_DIR}"
-export DEVICE_PLUGIN_DIR="${KUBELET_ROOT_DIR}/device-plugins"
+export DEVICE_PLUGIN_DIR="${DEVICE_PLUGIN_DIR}"
 export POD_RESOURCES_SOCKET="${KUBELET_ROOT_DIR}/pod-resources/kubelet.sock"
 export CONTAINER_RUNTIME_ENDPOINT="unix://${CONTAINERD_SOCK}"
 export CONTAINERD_ADDRESS="${CONTAINERD_SOCK}"

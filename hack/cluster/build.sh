@@ -24,8 +24,10 @@ etcd_dir() { echo "${CACHE_DIR}/etcd-${ETCD_VERSION}"; }
 
 go_env() {
   export CGO_ENABLED=0
-  export GOFLAGS="${GOFLAGS:-} -buildvcs=false -mod=mod"
-  export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
+  # -mod=readonly (the default) on purpose: the build never edits the
+  # committed go.mod/go.sum of the wrapper modules.
+  export GOFLAGS="${GOFLAGS:-} -buildvcs=false"
+  command -v go >/dev/null || { log "go not found in PATH"; exit 1; }
 }
 
 # Runs a go build command in the background and prints a heartbeat line every

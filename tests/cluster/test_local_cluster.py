@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, Cluster
+from cluster_support import REPO, Cluster
 
 pytestmark = pytest.mark.cluster
 
@@ -75,13 +75,29 @@ def test_hostnetwork_pod_reaches_apiserver_with_sa_token(cluster: Cluster, names
     assert "in-cluster" in logs, logs
 
 
-def test_kubelet_metrics_scrapable_with_admin_cert(cluster: Cluster) -> None:
+def scrape_kubelet_metrics(cluster: Cluster) -> str:
     ctx = ssl.create_default_context(cafile=cluster.env["CLUSTER_CA_CERT"])
     ctx.load_cert_chain(cluster.env["CLUSTER_ADMIN_CERT"], cluster.env["CLUSTER_ADMIN_KEY"])
-    ctx.check_hostname = False  # kubelet serving cert is for 127.0.0.1/localhost/node name
     with urllib.request.urlopen(cluster.env["KUBELET_METRICS_URL"], context=ctx, timeout=30) as resp:
-        body = resp.read().decode()
+        return resp.read().decode()
+
+
+def test_kubelet_metrics_scrapable_with_admin_cert(cluster: Cluster) -> None:
+    body = scrape_kubelet_metrics(cluster)
     assert "kubelet_running_pods" in body or "kubelet_node_name" in body
+
+
+def test_pod_resources_socket_and_in_kubelet_ns(cluster: Cluster) -> None:
+    sock = Path(cluster.env["POD_RESOURCES_SOCKET"])
+    assert sock.is_socket(), f"{sock} is not a socket"
+    # in-kubelet-ns.sh shows the cluster's kubelet paths at the default places.
+    proc = subprocess.run(
+        [str(REPO / "hack" / "cluster" / "in-kubelet-ns.sh"), "sh", "-c",
+         "test -S /var/lib/kubelet/pod-resources/kubelet.sock && "
+         "test -S /var/lib/kubelet/device-plugins/kubelet.sock && echo ok"],
+        env=dict(os.environ, KUBELET_ROOT_DIR=cluster.env["KUBELET_ROOT_DIR"]),
+        capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr
 
 
 def test_sample_device_plugin_registers_and_pod_gets_device(cluster: Cluster, namespace: str) -> None:
@@ -90,16 +106,14 @@ def test_sample_device_plugin_registers_and_pod_gets_device(cluster: Cluster, na
     dp_dir = Path(cluster.env["DEVICE_PLUGIN_DIR"])
     assert (dp_dir / "kubelet.sock").exists(), f"no kubelet.sock in {dp_dir}"
 
-    # The sample plugin always registers at /var/lib/kubelet/device-plugins/
-    # kubelet.sock; in-kubelet-ns.sh maps that path onto our kubelet root dir
-    # in a private mount namespace.
+    # The kubelet's registration socket is always
+    # /var/lib/kubelet/device-plugins/kubelet.sock (= DEVICE_PLUGIN_DIR), which
+    # is also the sample plugin's default: run it as a plain host process.
     log_path = Path(cluster.env["CLUSTER_LOG_DIR"]) / "sample-device-plugin.log"
-    env = dict(os.environ, KUBELET_ROOT_DIR=cluster.env["KUBELET_ROOT_DIR"],
-               PLUGIN_SOCK_DIR="/var/lib/kubelet/device-plugins")
+    env = dict(os.environ, PLUGIN_SOCK_DIR=str(dp_dir))
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            [str(REPO / "hack" / "cluster" / "in-kubelet-ns.sh"), plugin],
-            env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen([plugin], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
     cluster.processes.append(proc)
     try:
         deadline = time.monotonic() + 90
@@ -131,6 +145,10 @@ def test_sample_device_plugin_registers_and_pod_gets_device(cluster: Cluster, na
         cluster.wait_pod_phase(namespace, "with-device")
         logs = cluster.kubectl("-n", namespace, "logs", "with-device").stdout
         assert "allocated" in logs and "Dev-" in logs, logs
+        # The device-plugin latency histograms a later benchmark relies on.
+        metrics = scrape_kubelet_metrics(cluster)
+        assert "kubelet_device_plugin_alloc_duration_seconds_bucket" in metrics
+        assert 'kubelet_device_plugin_registration_total{resource_name="example.com/resource"}' in metrics
     finally:
         proc.terminate()
         try:

@@ -5,11 +5,13 @@
     gpu-share config show [FILE]        print the effective config (defaults filled in)
     gpu-share fault set FILE ID...      mark dummy devices unhealthy (fault file)
     gpu-share fault clear FILE          clear every dummy fault
+    gpu-share slices --node NODE        table of which container holds which device slice
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import urllib.error
 import urllib.request
@@ -34,6 +36,33 @@ def _probe(url: str, timeout: float) -> int:
     return 1
 
 
+def _slices(node: str, kubeconfig: str | None, domain: str) -> int:
+    # Imported lazily: the other subcommands must not need the kubernetes client.
+    from gpu_share.config.model import ResourcesConfig
+    from gpu_share.kube.client import make_api_client
+    from gpu_share.kube.pods import KubePodSource
+    from gpu_share.sharing.annotations import PodAssignment, assignment_key
+
+    resources = ResourcesConfig(domain=domain)
+    source = KubePodSource.from_config(make_api_client(kubeconfig), resources)
+    key = assignment_key(domain)
+    rows = [("POD", "CONTAINER", "DEVICE", "MEMORY UNITS", "CORES %", "EXCLUSIVE", "SOURCE")]
+    for pod in sorted(source.list_node_pods(node), key=lambda p: (p.namespace, p.name)):
+        text = pod.annotations.get(key)
+        if not text:
+            continue
+        doc = PodAssignment.decode(text)
+        for cname, c in sorted(doc.containers.items()):
+            for share in c.devices:
+                rows.append((f"{pod.namespace}/{pod.name}", cname, share.device,
+                             str(share.memory_units), str(share.cores),
+                             "yes" if share.exclusive else "no", c.source))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gpu-share", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -54,6 +83,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     fs.add_argument("ids", nargs="+", help="device uuids or indexes")
     fc = fsub.add_parser("clear")
     fc.add_argument("file")
+    sl = sub.add_parser("slices", help="print the device slice of every container on a node")
+    sl.add_argument("--node", default=os.environ.get("NODE_NAME", ""), required=False)
+    sl.add_argument("--kubeconfig", default=None)
+    sl.add_argument("--domain", default="vendor.com")
     args = parser.parse_args(argv)
 
     try:
@@ -66,6 +99,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 0
             print(dump_config(cfg), end="")
             return 0
+        if args.cmd == "slices":
+            if not args.node:
+                parser.error("slices needs --node (or NODE_NAME)")
+            return _slices(args.node, args.kubeconfig, args.domain)
         if args.cmd == "fault":
             write_faults(args.file, args.ids if args.fault_cmd == "set" else [])
             return 0

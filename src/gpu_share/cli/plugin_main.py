@@ -17,6 +17,7 @@ from gpu_share.agent.node_agent import AgentMetrics, DeviceRow, NodeAgent
 from gpu_share.agent.ports import PodSource, Publisher
 from gpu_share.config.loader import load_config
 from gpu_share.config.model import AgentConfig
+from gpu_share.devices.base import Device
 from gpu_share.devices.factory import start_backend
 from gpu_share.errors import ConfigError, DeviceBackendError, GpuShareError, KubeAccessError
 from gpu_share.observability.http import Heartbeat, start_http
@@ -24,9 +25,9 @@ from gpu_share.observability.logging import configure_logging
 from gpu_share.observability.metrics import Metrics
 from gpu_share.plugin.manager import PluginManager
 from gpu_share.plugin.podresources import PodResourcesClient
-from gpu_share.plugin.sizeguard import check_listandwatch_size
-from gpu_share.sharing.inventory import Inventory
-from gpu_share.sharing.model import AdvertisedDevice, ResourceKind
+from gpu_share.plugin.sizeguard import UnitGroup, check_unit_lists
+from gpu_share.sharing.ids import unit_id
+from gpu_share.sharing.model import ResourceKind
 
 log = logging.getLogger("gpu_share.plugin_main")
 
@@ -93,20 +94,27 @@ def _kube_clients(cfg: AgentConfig, metrics: Metrics) -> tuple[PodSource | None,
     return pods, publisher
 
 
-def _guard_sizes(agent: NodeAgent, cfg: AgentConfig) -> None:
-    """Refuse a config whose ListAndWatch answer would exceed 1 MiB."""
-    devices = agent.backend.devices()
-    for handler in agent.handlers():
-        kind = handler.kind
+def _guard_sizes(cfg: AgentConfig, devices: Sequence[Device]) -> None:
+    """Refuse a config whose ListAndWatch answer would exceed 1 MiB (before any list is
+    built: a bad unit size can mean millions of ids)."""
+    for kind, resource in (
+        (ResourceKind.MEMORY, cfg.resources.memory_resource),
+        (ResourceKind.CORE, cfg.resources.core_resource),
+    ):
 
-        def rebuild(unit_mib: int, kind: ResourceKind = kind) -> list[AdvertisedDevice]:
-            return Inventory.from_devices(devices, unit_mib).advertised(kind)
+        def groups(unit: int | None, kind: ResourceKind = kind) -> list[UnitGroup]:
+            size = unit or cfg.memory_unit_mib
+            return [
+                (d.uuid, d.memory_mib // size if kind is ResourceKind.MEMORY else 100,
+                 d.numa_node)
+                for d in devices
+            ]
 
-        check_listandwatch_size(
-            handler.resource_name,
-            handler.list_devices(),
+        check_unit_lists(
+            resource,
+            lambda uuid, i, kind=kind: unit_id(uuid, kind, i),  # type: ignore[misc]
+            groups,
             unit_mib=cfg.memory_unit_mib if kind is ResourceKind.MEMORY else None,
-            rebuild=rebuild if kind is ResourceKind.MEMORY else None,
         )
 
 
@@ -128,8 +136,8 @@ def run(cfg: AgentConfig, stop: threading.Event) -> int:
         metrics=PrometheusAgentMetrics(metrics),
     )
     try:
+        _guard_sizes(cfg, backend.devices())
         agent.start()
-        _guard_sizes(agent, cfg)
     except GpuShareError as exc:
         log.error("cannot start: %s", exc, extra={"reason": exc.reason})
         agent.stop()

@@ -347,7 +347,6 @@ class NodePodCache:
         with contextlib.suppress(Exception):
             if hasattr(resp, "shutdown"):
                 resp.shutdown()
-            resp.release_conn()
 
     def _run(self) -> None:
         delay = self._backoff_min
@@ -405,8 +404,10 @@ class NodePodCache:
             raise KubeAccessError(f"watch pods of node {self._node}: {e}") from e
         finally:
             self._resp = None
+            # Close, never release: a watch connection that was shut down (or cut
+            # mid-stream) returned to the shared pool makes the next request hang.
             with contextlib.suppress(Exception):
-                resp.release_conn()
+                resp.close()
         return rv
 
     def _apply(self, event: Mapping[str, Any], rv: str) -> str:

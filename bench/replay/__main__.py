@@ -1,0 +1,145 @@
+"""Replay the openb trace: ``python -m bench.replay [--traces default,...] [--out DIR]``.
+
+Prints, per trace file, the GPU allocation % (allocated GPU-milli / capacity) at arrived
+= 90..130 % of capacity, mean over the seeds, per policy and tie-break, and the decision
+time p50/p99; writes ``<out>/<trace>.png`` (unallocated % vs arrived %) and
+``<out>/results.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from bench.replay import sim, trace
+
+POLICIES = ("fgd", "best-fit", "packing", "random")
+TIES = ("deterministic", "random")
+
+
+def _job(args: tuple[str, str, str, int]) -> dict[str, object]:
+    trace_file, policy, tie, seed = args
+    nodes = trace.load_nodes()
+    pods = trace.load_pods(Path(trace_file))
+    capacity = sum(len(n.devices) for n in nodes) * trace.GPU_MILLI
+    order = trace.arrival_order(pods, seed, capacity)
+    r = sim.run(nodes, order, sim.workload_of(pods), policy, tie, seed)
+    ds = sorted(r.decision_s)
+    return {
+        "trace": Path(trace_file).stem.removeprefix("openb_pod_list_"),
+        "policy": policy,
+        "tie": tie,
+        "seed": seed,
+        "allocation": r.allocation,
+        "curve": r.curve,
+        "p50_ms": 1e3 * ds[len(ds) // 2],
+        "p99_ms": 1e3 * ds[int(len(ds) * 0.99)],
+        "placed": r.placed,
+        "failed": r.failed,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.replay")
+    ap.add_argument("--traces", default="", help="comma-separated names (default: all files)")
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--ties", default=",".join(TIES))
+    ap.add_argument("--seeds", default="42-51", help="e.g. 42-51 or 42,43")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--out", default="replay-out", help="plots and results.json go here")
+    a = ap.parse_args(argv)
+    if "-" in a.seeds:
+        lo, hi = a.seeds.split("-")
+        seeds = list(range(int(lo), int(hi) + 1))
+    else:
+        seeds = [int(s) for s in a.seeds.split(",")]
+    files = trace.trace_files()
+    if a.traces:
+        wanted = set(a.traces.split(","))
+        files = [f for f in files if f.stem.removeprefix("openb_pod_list_") in wanted]
+    jobs = [
+        (str(f), p, t, s)
+        for f in files
+        for p in a.policies.split(",")
+        for t in a.ties.split(",")
+        for s in seeds
+    ]
+    with ProcessPoolExecutor(max_workers=a.workers) as ex:
+        results = list(ex.map(_job, jobs))
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results))
+    report(results, out)
+    return 0
+
+
+def report(results: list[dict[str, object]], out: Path) -> None:
+    groups: dict[tuple[str, str, str], list[dict[str, object]]] = {}
+    for r in results:
+        groups.setdefault((str(r["trace"]), str(r["policy"]), str(r["tie"])), []).append(r)
+    cps = sim.CHECKPOINTS
+    for tr in sorted({k[0] for k in groups}):
+        print(f"\n== {tr}: GPU allocation % at arrived % (mean of seeds)")
+        print(
+            f"{'policy':<10} {'ties':<13} {'n':>2} "
+            + " ".join(f"{c:>6}" for c in cps)
+            + "  p50ms  p99ms"
+        )
+        for (t, pol, tie), rs in sorted(groups.items()):
+            if t != tr:
+                continue
+            means = []
+            for c in cps:
+                vals = [
+                    float(
+                        r["allocation"][str(c)]
+                        if str(c) in r["allocation"]  # type: ignore[index, operator]
+                        else r["allocation"].get(c, float("nan"))
+                    )  # type: ignore[union-attr]
+                    for r in rs
+                ]
+                means.append(statistics.fmean(vals))
+            p50 = statistics.fmean(float(r["p50_ms"]) for r in rs)  # type: ignore[arg-type]
+            p99 = max(float(r["p99_ms"]) for r in rs)  # type: ignore[arg-type]
+            print(
+                f"{pol:<10} {tie:<13} {len(rs):>2} "
+                + " ".join(f"{m:6.2f}" for m in means)
+                + f" {p50:6.2f} {p99:6.2f}"
+            )
+        plot(tr, {k: v for k, v in groups.items() if k[0] == tr}, out)
+    sys.stdout.flush()
+
+
+def plot(tr: str, groups: dict[tuple[str, str, str], list[dict[str, object]]], out: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("(matplotlib missing: pip install -e '.[bench]' for plots)")
+        return
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for (_, pol, tie), rs in sorted(groups.items()):
+        curve = rs[0]["curve"]  # first seed; curves of seeds differ only slightly
+        xs = [float(x) for x, _ in curve]  # type: ignore[union-attr]
+        ys = [float(y) for _, y in curve]  # type: ignore[union-attr]
+        ax.plot(xs, ys, label=f"{pol} ({tie})", linestyle="-" if tie == "deterministic" else "--")
+    ax.set_xlabel("arrived GPU requests (% of capacity)")
+    ax.set_ylabel("unallocated GPU (% of capacity)")
+    ax.set_xlim(80, 130)
+    ax.set_ylim(0, 20)
+    ax.set_title(f"openb {tr}")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / f"{tr}.png", dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,78 @@
+"""One replay run: every pod is placed or fails once; pods never leave."""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+
+from bench.replay.trace import TracePod
+from gpu_share.sharing.placement import (
+    ClusterIndex,
+    NodeSlots,
+    Shape,
+    TieBreak,
+    Workload,
+    make_policy,
+)
+
+CHECKPOINTS = (90, 95, 100, 105, 110, 120, 130)  # arrived GPU requests, % of capacity
+
+
+@dataclass
+class RunResult:
+    policy: str
+    tie_break: str
+    seed: int
+    # checkpoint % -> allocated GPU-milli as % of capacity when arrivals first reach it
+    allocation: dict[int, float] = field(default_factory=dict)
+    curve: list[tuple[float, float]] = field(default_factory=list)  # (arrived %, unallocated %)
+    decision_s: list[float] = field(default_factory=list)
+    placed: int = 0
+    failed: int = 0
+
+
+def workload_of(pods: list[TracePod]) -> Workload:
+    """Target mix: the trace's own GPU pod shapes weighted by how often they occur."""
+    counts: dict[tuple[int, int, int, int], int] = {}
+    for p in pods:
+        for c in p.demand().containers:
+            k = (c.memory_units, c.cores, p.cpu_milli, p.memory_mib)
+            counts[k] = counts.get(k, 0) + 1
+    return Workload(Shape(m, c, float(n), cpu, mem) for (m, c, cpu, mem), n in counts.items())
+
+
+def run(
+    nodes: list[NodeSlots],
+    pods_in_order: list[TracePod],
+    workload: Workload,
+    policy: str,
+    tie_break: str,
+    seed: int,
+    curve_every: int = 50,
+) -> RunResult:
+    pol = make_policy(policy, workload if policy == "fgd" else None)
+    index = ClusterIndex(pol, nodes, TieBreak(tie_break), random.Random(seed))
+    capacity = sum(len(n.devices) for n in nodes) * 1000
+    res = RunResult(policy, tie_break, seed)
+    arrived = 0
+    allocated = 0
+    checkpoints = list(CHECKPOINTS)
+    for i, p in enumerate(pods_in_order):
+        demand = p.demand()
+        t0 = time.perf_counter()
+        placement = index.choose(demand)
+        res.decision_s.append(time.perf_counter() - t0)
+        arrived += p.gpu_request
+        if placement is None:
+            res.failed += 1
+        else:
+            index.commit(demand, placement)
+            res.placed += 1
+            allocated += p.gpu_request
+        arrived_pct = 100 * arrived / capacity
+        while checkpoints and arrived_pct >= checkpoints[0]:
+            res.allocation[checkpoints.pop(0)] = 100 * allocated / capacity
+        if i % curve_every == 0 or not checkpoints:
+            res.curve.append((arrived_pct, 100 - 100 * allocated / capacity))
+    return res

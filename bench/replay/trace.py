@@ -1,0 +1,126 @@
+"""Loading the openb trace (Alibaba cluster-trace-gpu-v2023) into placement values.
+
+Units: each device is split into 1000 memory units (1/1000 of that device's memory) and
+1000 cores (per-mille of its SMs), so a pod's ``gpu_milli`` maps to both dimensions
+exactly, without rounding (the product uses 100 core percent and 1 GiB units; the
+policy is unit-agnostic). Allocation is counted in GPU-milli, as in the FGD paper.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpu_share.sharing.placement import Demand, DeviceSlot, NodeSlots, PodDemand
+
+DEFAULT_TRACES = "/work/shared/traces/openb"
+UNITS = 1000  # memory units and cores per device in the replay
+GPU_MILLI = 1000
+
+
+def trace_dir() -> Path:
+    return Path(os.environ.get("GPU_SHARE_TRACES", DEFAULT_TRACES))
+
+
+@dataclass(frozen=True)
+class TracePod:
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    num_gpu: int
+    gpu_milli: int  # per GPU, capped at 1000
+    gpu_spec: str  # allowed models, "|"-separated ("" = any)
+
+    @property
+    def gpu_request(self) -> int:
+        """GPU-milli the pod asks for in total."""
+        return self.num_gpu * self.gpu_milli
+
+    def demand(self) -> PodDemand:
+        if self.num_gpu == 0 or self.gpu_milli == 0:
+            containers: tuple[Demand, ...] = ()
+        elif self.num_gpu == 1 and self.gpu_milli < GPU_MILLI:
+            m = self.gpu_milli * UNITS // GPU_MILLI  # exact: UNITS == GPU_MILLI
+            containers = (Demand("main", m, m),)
+        else:  # whole devices (the trace has no fractional multi-GPU pods)
+            containers = (Demand("main", self.num_gpu * UNITS, self.num_gpu * UNITS),)
+        return PodDemand(
+            containers, cpu=self.cpu_milli, host_memory=self.memory_mib, model=self.gpu_spec
+        )
+
+
+def load_nodes(path: Path | None = None) -> list[NodeSlots]:
+    path = path or trace_dir() / "openb_node_list_gpu_node.csv"
+    out = []
+    with path.open(newline="") as f:
+        for row in csv.DictReader(f):
+            n = int(row["gpu"])
+            if n == 0:
+                continue
+            devices = tuple(
+                DeviceSlot(f"{row['sn']}-gpu{i}", i, UNITS, UNITS, UNITS, UNITS) for i in range(n)
+            )
+            out.append(
+                NodeSlots(
+                    row["sn"],
+                    devices,
+                    int(row["cpu_milli"]),
+                    int(row["memory_mib"]),
+                    row.get("model") or "",
+                )
+            )
+    return out
+
+
+def load_pods(path: Path) -> list[TracePod]:
+    out = []
+    with path.open(newline="") as f:
+        for row in csv.DictReader(f):
+            out.append(
+                TracePod(
+                    row["name"],
+                    int(row["cpu_milli"]),
+                    int(row["memory_mib"]),
+                    int(row["num_gpu"]),
+                    min(int(row["gpu_milli"]), GPU_MILLI),
+                    (row.get("gpu_spec") or "").strip(),
+                )
+            )
+    return out
+
+
+def trace_files() -> list[Path]:
+    return sorted(trace_dir().glob("openb_pod_list_*.csv"))
+
+
+def arrival_order(
+    pods: list[TracePod], seed: int, capacity_milli: int, inflation: float = 1.3
+) -> list[TracePod]:
+    """Pods sorted by name, shuffled with ``seed``; then resampled copies (same seed's
+    stream) appended until the requests reach ``inflation`` x capacity. Pods beyond that
+    point are cut (the multigpu traces alone exceed it)."""
+    rng = random.Random(seed)
+    order = sorted(pods, key=lambda p: p.name)
+    rng.shuffle(order)
+    target = inflation * capacity_milli
+    out: list[TracePod] = []
+    total = 0
+    for p in order:
+        if total >= target:
+            return out
+        out.append(p)
+        total += p.gpu_request
+    i = 0
+    while total < target:
+        p = rng.choice(pods)
+        i += 1
+        out.append(
+            TracePod(
+                f"{p.name}-r{i}", p.cpu_milli, p.memory_mib, p.num_gpu, p.gpu_milli, p.gpu_spec
+            )
+        )
+        total += p.gpu_request
+    return out

@@ -1,0 +1,199 @@
+"""Extender logic on JSON-shaped dicts (the Go field names of k8s.io/kube-scheduler/extender/v1)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpu_share.extender.ports import Binder, ClusterView
+from gpu_share.sharing.decision import ContainerDecision, Decision, decision_key, sign
+from gpu_share.sharing.model import ContainerRequest, ResourceNames
+from gpu_share.sharing.placement import (
+    ClusterPolicy,
+    Demand,
+    NoFit,
+    Placement,
+    PodDemand,
+    evaluate_node,
+)
+
+MAX_PRIORITY = 10  # extenderv1.MaxExtenderPriority
+
+
+@dataclass(frozen=True)
+class ExtenderSettings:
+    resources: ResourceNames
+    domain: str
+    key: bytes
+
+
+def _quantity(v: Any) -> int:
+    s = str(v).strip()
+    if not s.isdigit():
+        raise ValueError(f"extended resource quantity must be a whole number, got {v!r}")
+    return int(s)
+
+
+def pod_requests(pod: Mapping[str, Any], names: ResourceNames) -> dict[str, ContainerRequest]:
+    """Container name -> request for our resources, init containers first (admission
+    order); containers asking for nothing of ours are left out."""
+    spec = pod.get("spec") or {}
+    out: dict[str, ContainerRequest] = {}
+    for c in list(spec.get("initContainers") or []) + list(spec.get("containers") or []):
+        res = c.get("resources") or {}
+        amounts = {**(res.get("limits") or {}), **(res.get("requests") or {})}
+        mem = _quantity(amounts.get(names.memory, 0))
+        cores = _quantity(amounts.get(names.core, 0))
+        if mem or cores:
+            out[str(c.get("name", ""))] = ContainerRequest(mem, cores)
+    return out
+
+
+def to_demand(requests: Mapping[str, ContainerRequest]) -> PodDemand:
+    return PodDemand(tuple(Demand(n, r.memory_units, r.cores) for n, r in requests.items()))
+
+
+class Extender:
+    def __init__(
+        self,
+        settings: ExtenderSettings,
+        view: ClusterView,
+        binder: Binder,
+        policy_factory: Callable[[ClusterView], ClusterPolicy],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.view = view
+        self.binder = binder
+        self._policy_factory = policy_factory
+        self._clock = clock
+        self._lock = threading.Lock()  # binds decide and reserve one at a time
+        self._seen: OrderedDict[str, dict[str, ContainerRequest]] = OrderedDict()
+
+    def _remember(self, pod: Mapping[str, Any]) -> dict[str, ContainerRequest]:
+        reqs = pod_requests(pod, self.settings.resources)
+        uid = str((pod.get("metadata") or {}).get("uid", ""))
+        if uid:
+            self._seen[uid] = reqs
+            self._seen.move_to_end(uid)
+            while len(self._seen) > 4096:
+                self._seen.popitem(last=False)
+        return reqs
+
+    @staticmethod
+    def _node_names(args: Mapping[str, Any]) -> list[str]:
+        if args.get("NodeNames") is not None:
+            return [str(n) for n in args["NodeNames"]]
+        items = ((args.get("Nodes") or {}).get("items")) or []
+        return [str(n["metadata"]["name"]) for n in items]
+
+    def _evaluate(self, names: list[str], demand: PodDemand) -> dict[str, Placement | NoFit]:
+        policy = self._policy_factory(self.view)
+        out: dict[str, Placement | NoFit] = {}
+        for n in names:
+            slots = self.view.node(n)
+            out[n] = (
+                NoFit(n, "node has no gpu-share inventory (agent not running?)")
+                if slots is None
+                else evaluate_node(policy, slots, demand)
+            )
+        return out
+
+    def filter(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        try:
+            reqs = self._remember(args.get("Pod") or {})
+        except ValueError as e:
+            return {
+                "NodeNames": None,
+                "FailedNodes": {},
+                "FailedAndUnresolvableNodes": {},
+                "Error": str(e),
+            }
+        names = self._node_names(args)
+        failed: dict[str, str] = {}
+        if reqs:
+            for n, r in self._evaluate(names, to_demand(reqs)).items():
+                if isinstance(r, NoFit):
+                    failed[n] = f"gpu-share: {r.reason}"
+        keep = [n for n in names if n not in failed]
+        result: dict[str, Any] = {
+            "FailedNodes": failed,
+            "FailedAndUnresolvableNodes": {},
+            "Error": "",
+        }
+        if args.get("NodeNames") is not None:
+            result["NodeNames"] = keep
+        else:
+            kept = set(keep)
+            items = [
+                x
+                for x in (args.get("Nodes") or {}).get("items") or []
+                if x["metadata"]["name"] in kept
+            ]
+            result["Nodes"] = {"items": items}
+        return result
+
+    def prioritize(self, args: Mapping[str, Any]) -> list[dict[str, Any]]:
+        names = self._node_names(args)
+        try:
+            reqs = self._remember(args.get("Pod") or {})
+        except ValueError:
+            reqs = {}
+        if not reqs:
+            return [{"Host": n, "Score": 0} for n in names]
+        evals = self._evaluate(names, to_demand(reqs))
+        fits = sorted(((r.score, n) for n, r in evals.items() if isinstance(r, Placement)))
+        scores = {n: 0 for n in names}
+        # Only the policy's choice (ties: smallest name) gets the maximum, so the
+        # scheduler's own random tie-break among top scores cannot overrule it.
+        for rank, (_, n) in enumerate(fits):
+            scores[n] = (
+                MAX_PRIORITY
+                if rank == 0
+                else (MAX_PRIORITY - 1) - ((MAX_PRIORITY - 1) * (rank - 1) // max(1, len(fits) - 1))
+            )
+        return [{"Host": n, "Score": scores[n]} for n in names]
+
+    def bind(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        ns, name = str(args.get("PodNamespace", "")), str(args.get("PodName", ""))
+        uid, node = str(args.get("PodUID", "")), str(args.get("Node", ""))
+        reqs = self._seen.get(uid)
+        if reqs is None:
+            pod = self.view.pod(ns, name)
+            if pod is None:
+                return {"Error": f"pod {ns}/{name} not found"}
+            reqs = pod_requests(pod, self.settings.resources)
+        annotations: dict[str, str] = {}
+        with self._lock:
+            shares: dict[str, tuple[int, int]] = {}
+            if reqs:
+                r = self._evaluate([node], to_demand(reqs))[node]
+                if isinstance(r, NoFit):
+                    return {"Error": f"gpu-share: {node}: {r.reason}"}
+                decision = Decision(
+                    pod_uid=uid,
+                    node=node,
+                    containers={
+                        cp.container: ContainerDecision(
+                            tuple(d.uuid for d in cp.devices), reqs[cp.container]
+                        )
+                        for cp in r.containers
+                    },
+                    issued_at=int(self._clock()),
+                )
+                annotations[decision_key(self.settings.domain)] = sign(decision, self.settings.key)
+                for cp in r.containers:
+                    for d in cp.devices:
+                        m, c = shares.get(d.uuid, (0, 0))
+                        shares[d.uuid] = (m + cp.memory_units, c + cp.cores)
+            try:
+                self.binder.annotate_and_bind(ns, name, uid, node, annotations)
+            except Exception as e:  # surfaced to the scheduler, which retries the pod
+                return {"Error": f"bind {ns}/{name} to {node}: {e}"}
+            if shares:
+                self.view.reserve(uid, node, shares)
+        return {"Error": ""}

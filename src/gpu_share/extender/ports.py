@@ -1,0 +1,36 @@
+"""What the extender needs from the cluster (implemented in gpu_share.kube, faked in tests)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from gpu_share.sharing.placement import NodeSlots, Workload
+
+
+class ClusterView(Protocol):
+    def node(self, name: str) -> NodeSlots | None:
+        """The node's devices with free = total - used (inventory + assignments + pending
+        decisions), or None when the node has no inventory annotation."""
+        ...
+
+    def workload(self) -> Workload:
+        """The target workload mix for fragmentation."""
+        ...
+
+    def reserve(self, pod_uid: str, node: str, shares: Mapping[str, tuple[int, int]]) -> None:
+        """Count ``shares`` (device uuid -> (memory units, cores)) as used on ``node`` until
+        the pod's own annotations show up in the view."""
+        ...
+
+    def pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The pod object (JSON-shaped), for a bind whose filter this process missed."""
+        ...
+
+
+class Binder(Protocol):
+    def annotate_and_bind(
+        self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]
+    ) -> None:
+        """Write ``annotations`` on the pod (uid-checked), THEN create its Binding."""
+        ...

@@ -1,0 +1,302 @@
+"""Choosing a node and devices for a pod: per-node evaluation (the extender) and an
+indexed cluster (the trace replay), both on the same policy scores.
+
+Tie-breaking is explicit: ``deterministic`` takes the lexicographically smallest node
+name, then the lowest device index; ``random`` draws uniformly among the equally best
+nodes with the caller's seeded ``random.Random`` (devices: still lowest index).
+"""
+
+from __future__ import annotations
+
+import bisect
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+
+from gpu_share.sharing.placement.model import (
+    ContainerPlacement,
+    DeviceSlot,
+    NodeSlots,
+    NoFit,
+    Placement,
+    PodDemand,
+    StateKey,
+    TieBreak,
+)
+from gpu_share.sharing.placement.policy import ClusterPolicy, DemandShape, Host, StateEval
+
+
+def pod_shape(pod: PodDemand) -> DemandShape:
+    return tuple((c.memory_units, c.cores) for c in pod.containers)
+
+
+def host_fits(node: NodeSlots, pod: PodDemand) -> str | None:
+    """Why the node's host resources or model rule the pod out, or None."""
+    if pod.model and node.model not in pod.model.split("|"):
+        return f"device model {node.model or 'unknown'!r} is not {pod.model!r}"
+    if node.cpu_free is not None and pod.cpu > node.cpu_free:
+        return f"insufficient cpu ({node.cpu_free}m free, {pod.cpu}m requested)"
+    if node.host_memory_free is not None and pod.host_memory > node.host_memory_free:
+        return (
+            f"insufficient memory ({node.host_memory_free}Mi free, {pod.host_memory}Mi requested)"
+        )
+    return None
+
+
+def no_fit_reason(node: NodeSlots, pod: PodDemand) -> str:
+    """A person-readable reason why no device set of ``node`` fits ``pod``."""
+    healthy = [d for d in node.devices if d.healthy]
+    if not healthy:
+        return "no healthy device"
+    big_mem = max(d.memory_free for d in healthy)
+    big_core = max(d.cores_free for d in healthy)
+    whole = sum(1 for d in healthy if d.whole_free)
+    parts = ", ".join(
+        f"{c.container}: {c.memory_units} memory units/{c.cores} cores"
+        for c in pod.containers
+        if not c.empty
+    )
+    return (
+        f"no single device fits ({parts}); largest free block is {big_mem} memory "
+        f"units and {big_core} cores, {whole} device(s) wholly free"
+    )
+
+
+def host_of(node: NodeSlots, pod: PodDemand) -> Host:
+    return Host(node.cpu_free, node.host_memory_free, pod.cpu, pod.host_memory)
+
+
+def realise(node: NodeSlots, pod: PodDemand, ev: StateEval) -> Placement:
+    """Turn a state-level evaluation into concrete devices of ``node`` (lowest index
+    among devices in the chosen state) and the node's state after placement."""
+    devs = {d.index: d for d in node.devices}
+    out: list[ContainerPlacement] = []
+    steps = iter(ev.steps)
+    for c in pod.containers:
+        if c.empty:
+            continue
+        step = next(steps)
+        picked: list[DeviceSlot] = []
+        for key in step.taken:
+            d = min(
+                (
+                    x
+                    for x in devs.values()
+                    if x.healthy and x.key == key and x.index not in {p.index for p in picked}
+                ),
+                key=lambda x: x.index,
+            )
+            picked.append(d)
+        for d in picked:
+            devs[d.index] = replace(
+                d,
+                memory_free=d.memory_free - step.memory_units,
+                cores_free=d.cores_free - step.cores,
+            )
+        out.append(ContainerPlacement(c.container, tuple(picked), step.memory_units, step.cores))
+    return Placement(node.name, tuple(out), ev.score)
+
+
+def apply(node: NodeSlots, pod: PodDemand, placement: Placement) -> NodeSlots:
+    """The node after ``placement`` (devices and host resources consumed)."""
+    devs = {d.index: d for d in node.devices}
+    for cp in placement.containers:
+        for d in cp.devices:
+            cur = devs[d.index]
+            if cur.memory_free < cp.memory_units or cur.cores_free < cp.cores:
+                raise ValueError(f"placement over capacity on {node.name} device {d.index}")
+            devs[d.index] = replace(
+                cur,
+                memory_free=cur.memory_free - cp.memory_units,
+                cores_free=cur.cores_free - cp.cores,
+            )
+    return replace(
+        node,
+        devices=tuple(devs[i] for i in sorted(devs)),
+        cpu_free=None if node.cpu_free is None else node.cpu_free - pod.cpu,
+        host_memory_free=(
+            None if node.host_memory_free is None else node.host_memory_free - pod.host_memory
+        ),
+    )
+
+
+def evaluate_node(policy: ClusterPolicy, node: NodeSlots, pod: PodDemand) -> Placement | NoFit:
+    """The best placement of ``pod`` on ``node`` alone, or why there is none."""
+    why = host_fits(node, pod)
+    if why is not None:
+        return NoFit(node.name, why)
+    ev = policy.evaluate(node.state, pod_shape(pod), host_of(node, pod))
+    if ev is None:
+        return NoFit(node.name, no_fit_reason(node, pod))
+    return realise(node, pod, ev)
+
+
+def choose(
+    policy: ClusterPolicy,
+    nodes: Iterable[NodeSlots],
+    pod: PodDemand,
+    tie_break: TieBreak = TieBreak.DETERMINISTIC,
+    rng: random.Random | None = None,
+) -> Placement | None:
+    """The best node for ``pod`` among ``nodes`` (no index; fine for a few hundred)."""
+    best: list[Placement] = []
+    for node in sorted(nodes, key=lambda n: n.name):
+        p = evaluate_node(policy, node, pod)
+        if isinstance(p, NoFit):
+            continue
+        if not best or p.score < best[0].score:
+            best = [p]
+        elif p.score == best[0].score:
+            best.append(p)
+    if not best:
+        return None
+    if tie_break is TieBreak.RANDOM:
+        return (rng or random.Random(0)).choice(best)
+    return best[0]
+
+
+class ClusterIndex:
+    """Nodes grouped by GPU state, so a pod is scored once per distinct state.
+
+    Groups keep their node names sorted; the deterministic choice is the first name of
+    the best group whose host resources fit, random ties collect every fitting name of
+    every equally best group.
+    """
+
+    def __init__(
+        self,
+        policy: ClusterPolicy,
+        nodes: Iterable[NodeSlots],
+        tie_break: TieBreak = TieBreak.DETERMINISTIC,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.policy = policy
+        self.tie_break = TieBreak(tie_break)
+        self.rng = rng or random.Random(0)
+        self.nodes: dict[str, NodeSlots] = {}
+        self._sid: dict[StateKey, int] = {}
+        self._states: list[StateKey] = []
+        self._groups: dict[int, list[str]] = {}
+        self._node_sid: dict[str, int] = {}
+        self._shape_id: dict[DemandShape, int] = {}
+        self._memo: dict[tuple[int, int], StateEval | None] = {}
+        for n in nodes:
+            self._add(n)
+
+    def _state_id(self, state: StateKey) -> int:
+        sid = self._sid.get(state)
+        if sid is None:
+            sid = len(self._states)
+            self._sid[state] = sid
+            self._states.append(state)
+        return sid
+
+    def _add(self, node: NodeSlots) -> None:
+        if node.name in self.nodes:
+            raise ValueError(f"duplicate node {node.name!r}")
+        sid = self._state_id(node.state)
+        self.nodes[node.name] = node
+        self._node_sid[node.name] = sid
+        bisect.insort(self._groups.setdefault(sid, []), node.name)
+
+    def _remove(self, name: str) -> None:
+        sid = self._node_sid.pop(name)
+        del self.nodes[name]
+        g = self._groups[sid]
+        g.pop(bisect.bisect_left(g, name))
+        if not g:
+            del self._groups[sid]
+
+    def update(self, node: NodeSlots) -> None:
+        """Replace (or add) one node's view."""
+        if node.name in self.nodes:
+            self._remove(node.name)
+        self._add(node)
+
+    def _eval(self, sid: int, shape_id: int, shape: DemandShape) -> StateEval | None:
+        key = (sid, shape_id)
+        if key in self._memo:
+            return self._memo[key]
+        ev = self.policy.evaluate(self._states[sid], shape)
+        self._memo[key] = ev
+        return ev
+
+    def choose(self, pod: PodDemand) -> Placement | None:
+        shape = pod_shape(pod)
+        shape_id = self._shape_id.setdefault(shape, len(self._shape_id))
+        if self.policy.host_aware:
+            return self._choose_per_node(pod, shape)
+        best_score: tuple[float, ...] | None = None
+        best: list[tuple[str, StateEval]] = []
+        rand = self.tie_break is TieBreak.RANDOM
+        for sid, names in self._groups.items():
+            ev = self._eval(sid, shape_id, shape)
+            if ev is None or (best_score is not None and ev.score > best_score):
+                continue
+            fitting = self._fitting(names, pod, all_of_them=rand)
+            if not fitting:
+                continue
+            if best_score is None or ev.score < best_score:
+                best_score = ev.score
+                best = [(n, ev) for n in fitting]
+            elif rand:
+                best.extend((n, ev) for n in fitting)
+            elif fitting[0] < best[0][0]:
+                best = [(fitting[0], ev)]
+        if not best:
+            return None
+        name, ev = self.rng.choice(best) if rand else best[0]
+        return realise(self.nodes[name], pod, ev)
+
+    def _choose_per_node(self, pod: PodDemand, shape: DemandShape) -> Placement | None:
+        # Scores depend on each node's host resources: GPU states only prune (plans).
+        rand = self.tie_break is TieBreak.RANDOM
+        best_score: tuple[float, ...] | None = None
+        best: list[tuple[str, StateEval]] = []
+        for sid, names in self._groups.items():
+            state = self._states[sid]
+            plans = self.policy.plans(state, shape)
+            if not plans:
+                continue
+            for n in names:
+                node = self.nodes[n]
+                if host_fits(node, pod) is not None:
+                    continue
+                host = host_of(node, pod)
+                ev: StateEval | None = None
+                for plan in plans:
+                    sc = self.policy.score(state, plan, host)
+                    if ev is None or sc < ev.score:
+                        ev = StateEval(sc, plan.after, plan.steps)
+                assert ev is not None
+                if best_score is None or ev.score < best_score:
+                    best_score = ev.score
+                    best = [(n, ev)]
+                elif ev.score == best_score and (rand or n < best[0][0]):
+                    if rand:
+                        best.append((n, ev))
+                    else:
+                        best = [(n, ev)]
+        if not best:
+            return None
+        name, ev = self.rng.choice(best) if rand else best[0]
+        return realise(self.nodes[name], pod, ev)
+
+    def _fitting(self, names: Sequence[str], pod: PodDemand, all_of_them: bool) -> list[str]:
+        out: list[str] = []
+        for n in names:
+            if host_fits(self.nodes[n], pod) is None:
+                out.append(n)
+                if not all_of_them:
+                    break
+        return out
+
+    def commit(self, pod: PodDemand, placement: Placement) -> None:
+        self.update(apply(self.nodes[placement.node], pod, placement))
+
+    def place(self, pod: PodDemand) -> Placement | None:
+        """Choose and commit; None when no node fits."""
+        p = self.choose(pod)
+        if p is not None:
+            self.commit(pod, p)
+        return p

@@ -1,0 +1,214 @@
+"""Node GPU fragmentation against a target workload (the FGD measure, Weng et al. ATC'23).
+
+For one shape m of the target workload, a node's fragment is the free GPU capacity m
+cannot use there: all of it when m does not fit the node at all, otherwise the free part
+of every device too small for m. The node's fragmentation is the popularity-weighted sum
+over the shapes. Capacity is counted in GPU-milli equivalents: a device's free amount is
+``1000 * (memFree/memTotal + coresFree/coresTotal) / 2``, so memory and cores weigh the
+same and a fully free device is worth 1000.
+
+Values depend only on the node's GPU state key, so they are memoised by it; a placement
+changes one node, and only that node's new state needs computing.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from gpu_share.sharing.placement.model import MILLI, DevKey, StateKey
+
+
+def amount(d: DevKey) -> float:
+    """Free capacity of one device in GPU-milli equivalents."""
+    mf, cf, mt, ct = d
+    if mt > 0 and ct > 0:
+        return MILLI * (mf / mt + cf / ct) / 2
+    if mt > 0:
+        return MILLI * mf / mt
+    return MILLI * cf / ct if ct > 0 else 0.0
+
+
+def is_whole_free(d: DevKey) -> bool:
+    return d[0] == d[2] and d[1] == d[3]
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One typical container request: ``cores >= a device's cores`` means
+    ``cores // coresTotal`` whole devices. ``cpu``/``host_memory``: what the pod also
+    needs from the host (0 = nothing / not tracked)."""
+
+    memory_units: int
+    cores: int
+    weight: float
+    cpu: int = 0
+    host_memory: int = 0
+
+
+def whole_count(memory_units: int, cores: int, cores_total: int) -> int:
+    """How many whole devices the request takes (0 = a share of one device)."""
+    if cores_total > 0 and cores >= cores_total:
+        return cores // cores_total
+    return 0
+
+
+def fits_shared(d: DevKey, memory_units: int, cores: int) -> bool:
+    mf, cf, _, ct = d
+    return mf >= memory_units and cf >= cores and cores < ct
+
+
+class Workload:
+    """The target mix: shapes with popularity weights (normalised to sum 1).
+
+    ``F(node) = total_free - sum_g U_g(gpu state) * P_g(cpu free, memory free)``: U_g is
+    the free capacity GPU shape g can use (0 when g does not fit the devices), P_g the
+    weight of g's shapes whose host needs fit. Both factors are memoised separately, so
+    host-aware fragmentation costs one short dot product per node state.
+    """
+
+    def __init__(self, shapes: Iterable[Shape]) -> None:
+        merged: dict[tuple[int, int, int, int], float] = {}
+        for s in shapes:
+            if s.weight > 0 and (s.memory_units > 0 or s.cores > 0):
+                k = (s.memory_units, s.cores, s.cpu, s.host_memory)
+                merged[k] = merged.get(k, 0.0) + s.weight
+        total = sum(merged.values())
+        self.shapes: tuple[Shape, ...] = tuple(
+            Shape(m, c, w / total, cpu, hm) for (m, c, cpu, hm), w in sorted(merged.items())
+        )
+        gpu: dict[tuple[int, int], list[Shape]] = {}
+        for s in self.shapes:
+            gpu.setdefault((s.memory_units, s.cores), []).append(s)
+        self.gpu_shapes: tuple[tuple[int, int], ...] = tuple(sorted(gpu))
+        self._by_gpu: tuple[tuple[Shape, ...], ...] = tuple(tuple(gpu[g]) for g in self.gpu_shapes)
+        self._all_host: tuple[float, ...] = tuple(sum(s.weight for s in g) for g in self._by_gpu)
+        self._usable: dict[StateKey, tuple[float, tuple[float, ...]]] = {}
+        self._host: dict[tuple[int, int], tuple[float, ...]] = {}
+        self._frag: dict[tuple[StateKey, int, int], float] = {}
+        self._ratio: dict[tuple[int, int], tuple[float, float]] = {}
+        self._cpus = sorted({s.cpu for s in self.shapes})
+        self._mems = sorted({s.host_memory for s in self.shapes})
+        self.memo_limit = 200_000
+
+    @classmethod
+    def from_requests(cls, requests: Iterable[tuple[int, int]]) -> Workload:
+        """Popularity = how often each (memory_units, cores) request occurs."""
+        counts: dict[tuple[int, int], int] = {}
+        for r in requests:
+            counts[r] = counts.get(r, 0) + 1
+        return cls(Shape(m, c, float(n)) for (m, c), n in counts.items())
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+    def usable(self, state: StateKey) -> tuple[float, tuple[float, ...]]:
+        """(total free, free capacity each GPU shape can use) of a GPU state."""
+        v = self._usable.get(state)
+        if v is None:
+            total = sum(amount(d) for d in state)
+            v = (total, tuple(total - self._gpu_fragment(state, m, c) for m, c in self.gpu_shapes))
+            if len(self._usable) >= self.memo_limit:
+                self._usable.clear()  # bounded memory; values are cheap to recompute
+            self._usable[state] = v
+        return v
+
+    def host_weights(self, cpu_free: int | None, memory_free: int | None) -> tuple[float, ...]:
+        """P_g: weight of GPU shape g's shapes whose host needs fit. Memoised by how many
+        of the workload's distinct CPU/memory needs fit (exact, and few keys)."""
+        if cpu_free is None and memory_free is None:
+            return self._all_host
+        rc = len(self._cpus) if cpu_free is None else bisect.bisect_right(self._cpus, cpu_free)
+        rm = (len(self._mems) if memory_free is None
+              else bisect.bisect_right(self._mems, memory_free))
+        v = self._host.get((rc, rm))
+        if v is None:
+            max_cpu = self._cpus[rc - 1] if rc else -1
+            max_mem = self._mems[rm - 1] if rm else -1
+            v = tuple(
+                sum(s.weight for s in g if s.cpu <= max_cpu and s.host_memory <= max_mem)
+                for g in self._by_gpu
+            )
+            self._host[(rc, rm)] = v
+        return v
+
+    @staticmethod
+    def _gpu_fragment(state: StateKey, m: int, c: int) -> float:
+        total = 0.0
+        frag = 0.0
+        if not state:
+            return 0.0
+        k = whole_count(m, c, state[0][3])
+        if k:
+            whole = 0
+            for d in state:
+                a = amount(d)
+                total += a
+                if is_whole_free(d):
+                    whole += 1
+                else:
+                    frag += a
+            return frag if whole >= k else total
+        fit = False
+        for d in state:
+            a = amount(d)
+            total += a
+            if fits_shared(d, m, c):
+                fit = True
+            else:
+                frag += a
+        return frag if fit else total
+
+    def host_ratio(self, dev: DevKey) -> tuple[float, float]:
+        """Mean host CPU and memory the workload asks per GPU-milli on such a device."""
+        key = (dev[2], dev[3])
+        got = self._ratio.get(key)
+        if got is None:
+            gpu = cpu = mem = 0.0
+            for s in self.shapes:
+                k = whole_count(s.memory_units, s.cores, dev[3])
+                g = k * MILLI if k else amount((s.memory_units, s.cores, dev[2], dev[3]))
+                gpu += s.weight * g
+                cpu += s.weight * s.cpu
+                mem += s.weight * s.host_memory
+            got = (cpu / gpu, mem / gpu) if gpu > 0 else (0.0, 0.0)
+            self._ratio[key] = got
+        return got
+
+    def stranded(self, state: StateKey, cpu_free: int | None, memory_free: int | None) -> float:
+        """Free GPU capacity the node's host CPU/memory cannot feed at the workload's
+        average CPU and memory per GPU-milli: the long-run fragment FGD's one-step
+        look-ahead misses (a GPU-free pod taking the CPU of a GPU-rich node)."""
+        if not state or (cpu_free is None and memory_free is None):
+            return 0.0
+        total = self.usable(state)[0]
+        cpu_per, mem_per = self.host_ratio(state[0])
+        out = 0.0
+        if cpu_free is not None and cpu_per > 0:
+            out = max(out, total - cpu_free / cpu_per)
+        if memory_free is not None and mem_per > 0:
+            out = max(out, total - memory_free / mem_per)
+        return out
+
+    def shape_fragment(self, state: StateKey, s: Shape) -> float:
+        """Free capacity of ``state`` that shape ``s`` cannot use (host not checked)."""
+        return self._gpu_fragment(state, s.memory_units, s.cores)
+
+    def fragmentation(
+        self, state: StateKey, cpu_free: int | None = None, memory_free: int | None = None
+    ) -> float:
+        """The node's expected fragment over the workload (memoised)."""
+        rc = len(self._cpus) if cpu_free is None else bisect.bisect_right(self._cpus, cpu_free)
+        rm = (len(self._mems) if memory_free is None
+              else bisect.bisect_right(self._mems, memory_free))
+        key = (state, rc, rm)
+        v = self._frag.get(key)
+        if v is None:
+            total, usable = self.usable(state)
+            weights = self.host_weights(cpu_free, memory_free)
+            v = total - sum(u * w for u, w in zip(usable, weights, strict=True))
+            if len(self._frag) >= self.memo_limit:
+                self._frag.clear()
+            self._frag[key] = v
+        return v

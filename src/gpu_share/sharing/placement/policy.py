@@ -1,0 +1,265 @@
+"""Cluster placement policies: score a pod on one node's GPU state (lower is better).
+
+Every policy works on the node's GPU state key only, so nodes in the same state share
+one (memoised) evaluation; node and device ties are broken outside (``cluster.py``).
+
+* ``fgd`` (default, ours): least increase of node fragmentation against the target
+  workload (FGD); ties then go to the placement leaving the least free capacity on the
+  node (packing), so equal-gradient choices do not scatter pods over idle nodes.
+* ``best-fit``: least free capacity left on the node after placement.
+* ``packing``: the paper's GPU packing: a partly used device first, then a device of a
+  node already in use, then an idle node; least free capacity left within a tier.
+* ``spread``: most free capacity left.
+* ``random``: no preference (every fitting node ties; with deterministic ties: first fit).
+
+Device choice inside a node uses the same score (a shared container goes on the device
+whose use scores best; whole-device requests take the smallest wholly free devices).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from gpu_share.sharing.placement.fragmentation import (
+    Workload,
+    amount,
+    fits_shared,
+    is_whole_free,
+    whole_count,
+)
+from gpu_share.sharing.placement.model import DevKey, StateKey
+
+Score = tuple[float, ...]
+# (memory_units, cores) per container
+DemandShape = tuple[tuple[int, int], ...]
+_ROUND = 6  # decimals kept in scores: float noise must not break exact ties
+
+
+class ClusterPolicyName(StrEnum):
+    FGD = "fgd"
+    BEST_FIT = "best-fit"
+    PACKING = "packing"
+    SPREAD = "spread"
+    RANDOM = "random"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One container's use of devices: the consumed device keys and per-device amounts."""
+
+    taken: tuple[DevKey, ...]
+    memory_units: int
+    cores: int
+
+
+@dataclass(frozen=True)
+class StateEval:
+    score: Score
+    after: StateKey
+    steps: tuple[Step, ...]
+
+
+def free_total(state: StateKey) -> float:
+    return sum(amount(d) for d in state)
+
+
+def _replace(state: StateKey, old: tuple[DevKey, ...], new: tuple[DevKey, ...]) -> StateKey:
+    rest = list(state)
+    for d in old:
+        rest.remove(d)
+    rest.extend(new)
+    return tuple(sorted(rest))
+
+
+def _options(state: StateKey, m: int, c: int) -> list[tuple[StateKey, Step]]:
+    """Every distinct way to put one container on ``state``."""
+    if not state:
+        return []
+    k = whole_count(m, c, state[0][3])
+    if k:
+        free = [d for d in state if is_whole_free(d)]
+        if len(free) < k:
+            return []
+        taken = tuple(free[:k])  # smallest wholly free devices
+        used = tuple((0, 0, d[2], d[3]) for d in taken)
+        return [(_replace(state, taken, used), Step(taken, taken[0][2], taken[0][3]))]
+    out: list[tuple[StateKey, Step]] = []
+    for d in sorted(set(state)):
+        if fits_shared(d, m, c):
+            nd = (d[0] - m, d[1] - c, d[2], d[3])
+            out.append((_replace(state, (d,), (nd,)), Step((d,), m, c)))
+    return out
+
+
+ScoreFn = Callable[[StateKey, StateKey, Step], Score]
+
+
+@dataclass(frozen=True)
+class Host:
+    """Host resources around one placement (the replay checks them; None = unknown)."""
+
+    cpu_free: int | None
+    memory_free: int | None
+    cpu: int = 0
+    memory: int = 0
+
+    def after(self) -> tuple[int | None, int | None]:
+        return (
+            None if self.cpu_free is None else self.cpu_free - self.cpu,
+            None if self.memory_free is None else self.memory_free - self.memory,
+        )
+
+
+@dataclass(frozen=True)
+class Plan:
+    after: StateKey
+    steps: tuple[Step, ...]
+
+
+class ClusterPolicy:
+    """Scores pods on GPU states; memoised by (state, demand shape).
+
+    ``host_aware`` policies (fgd) also look at host CPU/memory, so their score is per
+    node rather than per GPU state.
+    """
+
+    def __init__(self, name: ClusterPolicyName | str, workload: Workload | None = None) -> None:
+        self.name = ClusterPolicyName(name)
+        if self.name is ClusterPolicyName.FGD and workload is None:
+            raise ValueError("the fgd policy needs a target workload")
+        self.workload = workload
+        self.host_aware = self.name is ClusterPolicyName.FGD
+        # Weight of the host-stranding term next to the FGD gradient (0 = plain FGD).
+        self.stranded_weight = 1.0
+        self._score: ScoreFn = {
+            ClusterPolicyName.FGD: self._fgd_gpu,
+            ClusterPolicyName.BEST_FIT: _best_fit,
+            ClusterPolicyName.PACKING: _packing,
+            ClusterPolicyName.SPREAD: _spread,
+            ClusterPolicyName.RANDOM: _random,
+        }[self.name]
+        self._plans: dict[tuple[StateKey, DemandShape], tuple[Plan, ...]] = {}
+        self._memo: dict[tuple[StateKey, DemandShape], StateEval | None] = {}
+        self.memo_limit = 400_000
+
+    def _fgd_gpu(self, before: StateKey, after: StateKey, step: Step) -> Score:
+        assert self.workload is not None
+        delta = self.workload.fragmentation(after) - self.workload.fragmentation(before)
+        return (round(delta, _ROUND), round(free_total(after), _ROUND))
+
+    def plans(self, state: StateKey, demand: DemandShape) -> tuple[Plan, ...]:
+        """Distinct ways to place ``demand`` on ``state``: every option of the first
+        container that needs devices, later containers greedily by the GPU-only score."""
+        key = (state, demand)
+        got = self._plans.get(key)
+        if got is None:
+            got = self._make_plans(state, demand)
+            if len(self._plans) >= self.memo_limit:
+                self._plans.clear()
+            self._plans[key] = got
+        return got
+
+    def _make_plans(self, state: StateKey, demand: DemandShape) -> tuple[Plan, ...]:
+        wanted = [(m, c) for m, c in demand if m or c]
+        if not wanted:
+            return (Plan(state, ()),)
+        out: list[Plan] = []
+        m0, c0 = wanted[0]
+        for after, step in _options(state, m0, c0):
+            cur, steps = after, [step]
+            for m, c in wanted[1:]:
+                best: tuple[Score, StateKey, Step] | None = None
+                for a2, s2 in _options(cur, m, c):
+                    sc = self._score(cur, a2, s2)
+                    if best is None or sc < best[0]:
+                        best = (sc, a2, s2)
+                if best is None:
+                    break
+                cur = best[1]
+                steps.append(best[2])
+            else:
+                out.append(Plan(cur, tuple(steps)))
+        return tuple(out)
+
+    def score(self, state: StateKey, plan: Plan, host: Host | None = None) -> Score:
+        if self.host_aware and self.workload is not None:
+            h = host or Host(None, None)
+            cpu_after, mem_after = h.after()
+            w = self.workload
+            delta = (
+                w.fragmentation(plan.after, cpu_after, mem_after)
+                - w.fragmentation(state, h.cpu_free, h.memory_free)
+                + self.stranded_weight
+                * (
+                    w.stranded(plan.after, cpu_after, mem_after)
+                    - w.stranded(state, h.cpu_free, h.memory_free)
+                )
+            )
+            return (round(delta, _ROUND), round(w.usable(plan.after)[0], _ROUND))
+        if not plan.steps:
+            # Nothing of ours requested: prefer nodes with the least free GPU capacity so
+            # GPU-free pods stay off nodes GPU pods still need.
+            return (round(free_total(state), _ROUND),)
+        cur = state
+        total: Score = ()
+        for step in plan.steps:
+            nxt = _replace(cur, step.taken, _consumed(step))
+            sc = self._score(cur, nxt, step)
+            total = sc if not total else tuple(a + b for a, b in zip(total, sc, strict=True))
+            cur = nxt
+        return total
+
+    def evaluate(
+        self, state: StateKey, demand: DemandShape, host: Host | None = None
+    ) -> StateEval | None:
+        """Best plan for ``demand`` on ``state`` (ties: first plan = smallest device key),
+        or None when it does not fit. Memoised unless the score depends on the host."""
+        key = (state, demand)
+        if not self.host_aware and key in self._memo:
+            return self._memo[key]
+        best: StateEval | None = None
+        for plan in self.plans(state, demand):
+            sc = self.score(state, plan, host)
+            if best is None or sc < best.score:
+                best = StateEval(sc, plan.after, plan.steps)
+        if not self.host_aware:
+            if len(self._memo) >= self.memo_limit:
+                self._memo.clear()
+            self._memo[key] = best
+        return best
+
+
+def _consumed(step: Step) -> tuple[DevKey, ...]:
+    return tuple((d[0] - step.memory_units, d[1] - step.cores, d[2], d[3]) for d in step.taken)
+
+
+def _best_fit(before: StateKey, after: StateKey, step: Step) -> Score:
+    return (round(free_total(after), _ROUND),)
+
+
+def _spread(before: StateKey, after: StateKey, step: Step) -> Score:
+    return (round(-free_total(after), _ROUND),)
+
+
+def _random(before: StateKey, after: StateKey, step: Step) -> Score:
+    return (0.0,)
+
+
+def _packing(before: StateKey, after: StateKey, step: Step) -> Score:
+    if any(not is_whole_free(d) for d in step.taken):
+        tier = 0.0  # a device someone already shares
+    elif any(not is_whole_free(d) for d in before):
+        tier = 1.0  # a node already in use
+    else:
+        tier = 2.0  # an idle node
+    return (tier, round(free_total(after), _ROUND))
+
+
+def make_policy(name: ClusterPolicyName | str, workload: Workload | None = None) -> ClusterPolicy:
+    return ClusterPolicy(name, workload)
+
+
+def demand_shape(containers: Sequence[tuple[int, int]]) -> DemandShape:
+    return tuple((m, c) for m, c in containers)

@@ -1,0 +1,31 @@
+"""A tiny replay (a few hand-written nodes and pods) through the bench code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.replay import sim, trace
+
+
+def test_tiny_replay(tmp_path: Path) -> None:
+    (tmp_path / "openb_node_list_gpu_node.csv").write_text(
+        "sn,cpu_milli,memory_mib,gpu,model\n"
+        "n0,32000,131072,2,T4\nn1,32000,131072,4,V100M16\nn2,8000,32768,1,P100\n"
+    )
+    pods = tmp_path / "openb_pod_list_tiny.csv"
+    pods.write_text(
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\n"
+        "p0,4000,8192,1,500,\np1,4000,8192,1,500,\np2,8000,16384,2,1000,\n"
+        "p3,2000,4096,1,250,\np4,1000,1024,0,0,\np5,4000,8192,1,1200,P100\n"
+    )
+    nodes = trace.load_nodes(tmp_path / "openb_node_list_gpu_node.csv")
+    loaded = trace.load_pods(pods)
+    assert loaded[5].gpu_milli == 1000  # capped
+    capacity = sum(len(n.devices) for n in nodes) * 1000
+    order = trace.arrival_order(loaded, 42, capacity)
+    assert sum(p.gpu_request for p in order) >= 1.3 * capacity
+    for policy in ("fgd", "best-fit", "packing", "random"):
+        r = sim.run(nodes, order, sim.workload_of(loaded), policy, "deterministic", 42)
+        assert r.placed + r.failed == len(order)
+        assert set(r.allocation) == set(sim.CHECKPOINTS)
+        assert all(0 < v <= 100 for v in r.allocation.values())
