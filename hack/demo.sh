@@ -14,7 +14,10 @@ RUN_DIR=${GPU_SHARE_DEMO_DIR:-/var/lib/gpu-share-cluster/demo}
 
 stop_agent() {
   if [[ -f "$RUN_DIR/agent.pid" ]]; then
-    kill "$(cat "$RUN_DIR/agent.pid")" 2>/dev/null || true
+    local pid
+    pid=$(cat "$RUN_DIR/agent.pid")
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
     rm -f "$RUN_DIR/agent.pid"
   fi
 }
@@ -49,11 +52,11 @@ echo "node $NODE_NAME allocatable: vendor.com/vcuda-memory=$mem vendor.com/vcuda
   kubectl get node "$NODE_NAME" -o jsonpath='{.status.allocatable.vendor\.com/vcuda-core}')"
 [[ -n "$mem" && "$mem" != 0 ]] || { echo "agent did not register; log: $RUN_DIR/agent.log"; tail -20 "$RUN_DIR/agent.log"; exit 1; }
 
+kubectl delete namespace "$NS" --ignore-not-found --wait=true >/dev/null
 kubectl create namespace "$NS" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
 pod() {  # name memory cores
-  local limits="vendor.com/vcuda-memory: $2"
-  [[ "$3" != 0 ]] && limits="$limits
-            vendor.com/vcuda-core: $3"
+  local cores=""
+  [[ "$3" != 0 ]] && cores="vendor.com/vcuda-core: $3"
   cat <<EOF
 apiVersion: v1
 kind: Pod
@@ -68,7 +71,8 @@ spec:
       command: [sh, -c, 'echo "seen: DUMMY_VISIBLE_DEVICES=\$DUMMY_VISIBLE_DEVICES memory=\${GPU_SHARE_MEMORY_LIMIT_MIB:-unlimited}MiB cores=\${GPU_SHARE_CORE_PERCENT:-shared}%"; sleep 3600']
       resources:
         limits:
-          $limits
+          vendor.com/vcuda-memory: $2
+          $cores
 ---
 EOF
 }

@@ -39,20 +39,27 @@ class TracePod:
         """GPU-milli the pod asks for in total."""
         return self.num_gpu * self.gpu_milli
 
-    def demand(self) -> PodDemand:
+    def demand(self, units: int = UNITS, host: bool = True) -> PodDemand:
+        """Our request for the pod; with ``units`` < 1000 shares round up (the real
+        scheduler check uses the product's 100 per device). ``host=False``: GPU only."""
         if self.num_gpu == 0 or self.gpu_milli == 0:
             containers: tuple[Demand, ...] = ()
         elif self.num_gpu == 1 and self.gpu_milli < GPU_MILLI:
-            m = self.gpu_milli * UNITS // GPU_MILLI  # exact: UNITS == GPU_MILLI
+            m = -(-self.gpu_milli * units // GPU_MILLI)  # exact when units == GPU_MILLI
             containers = (Demand("main", m, m),)
         else:  # whole devices (the trace has no fractional multi-GPU pods)
-            containers = (Demand("main", self.num_gpu * UNITS, self.num_gpu * UNITS),)
+            containers = (Demand("main", self.num_gpu * units, self.num_gpu * units),)
+        if not host:
+            return PodDemand(containers, model=self.gpu_spec)
         return PodDemand(
             containers, cpu=self.cpu_milli, host_memory=self.memory_mib, model=self.gpu_spec
         )
 
 
-def load_nodes(path: Path | None = None) -> list[NodeSlots]:
+def load_nodes(
+    path: Path | None = None, units: int = UNITS, host: bool = True
+) -> list[NodeSlots]:
+    """GPU nodes; ``host=False`` leaves CPU/memory unchecked."""
     path = path or trace_dir() / "openb_node_list_gpu_node.csv"
     out = []
     with path.open(newline="") as f:
@@ -61,14 +68,14 @@ def load_nodes(path: Path | None = None) -> list[NodeSlots]:
             if n == 0:
                 continue
             devices = tuple(
-                DeviceSlot(f"{row['sn']}-gpu{i}", i, UNITS, UNITS, UNITS, UNITS) for i in range(n)
+                DeviceSlot(f"{row['sn']}-gpu{i}", i, units, units, units, units) for i in range(n)
             )
             out.append(
                 NodeSlots(
                     row["sn"],
                     devices,
-                    int(row["cpu_milli"]),
-                    int(row["memory_mib"]),
+                    int(row["cpu_milli"]) if host else None,
+                    int(row["memory_mib"]) if host else None,
                     row.get("model") or "",
                 )
             )

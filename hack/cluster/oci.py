@@ -26,7 +26,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 MEDIA_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 MEDIA_CONFIG = "application/vnd.oci.image.config.v1+json"

@@ -35,7 +35,6 @@ from tests.support.kubelet_stub import (
     KubeletStub,
     PluginClient,
     fast_plugin_settings,
-    wait_until,
 )
 
 MEM = "vendor.com/vcuda-memory"

@@ -15,8 +15,15 @@ import sys
 import time
 
 import pytest
-
-from cluster_support import SCRIPT, UP_TIMEOUT_S, Cluster, run_script, environment_problem, loud_skip, parse_env
+from cluster_support import (
+    SCRIPT,
+    UP_TIMEOUT_S,
+    Cluster,
+    environment_problem,
+    loud_skip,
+    parse_env,
+    run_script,
+)
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from cluster_support import REPO, Cluster
 
 pytestmark = pytest.mark.cluster

@@ -147,13 +147,21 @@ def run(cfg: AgentConfig, stop: threading.Event) -> int:
     heartbeat = Heartbeat(max_age_s=30.0)
     http = None
     if cfg.metrics.enabled:
-        http = start_http(
-            metrics.registry,
-            bind_address=cfg.metrics.bind_address,
-            port=cfg.metrics.port,
-            liveness=heartbeat.alive,
-            readiness=lambda: all(p.registered for p in manager.plugins),
-        )
+        # Before any socket is served: a port clash must not leave the kubelet with a
+        # plugin that registered and vanished.
+        try:
+            http = start_http(
+                metrics.registry,
+                bind_address=cfg.metrics.bind_address,
+                port=cfg.metrics.port,
+                liveness=heartbeat.alive,
+                readiness=lambda: all(p.registered for p in manager.plugins),
+            )
+        except OSError as exc:
+            log.error("cannot serve metrics on %s:%s: %s", cfg.metrics.bind_address,
+                      cfg.metrics.port, exc)
+            agent.stop()
+            return 1
         log.info("metrics and probes served", extra={"port": http.port})
     runner = threading.Thread(target=manager.run_until, args=(stop,), name="plugins", daemon=True)
     try:

@@ -1,0 +1,218 @@
+"""The real kube-scheduler with the extender places trace pods like the simulator.
+
+~100 openb GPU nodes are registered as Node objects (inventory annotation, extended
+resources in status); an extender (in this process) and a second kube-scheduler (the
+cached v1.34.4 binary, its own schedulerName) place the trace's GPU pods one at a time.
+The simulator runs the same nodes and pods with the same policy; allocation must agree
+within 0.5 pp. GPU-only (pods request no CPU/memory): the extender does not see host
+resources, so both sides leave them out.
+
+Needs the local cluster (hack/local-up-cluster.sh up); cleans up its nodes and pods.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from bench.replay import trace
+from gpu_share.extender.core import Extender, ExtenderSettings
+from gpu_share.extender.http import make_server
+from gpu_share.sharing.annotations import InventoryAnnotation, InventoryDevice, inventory_key
+from gpu_share.sharing.model import ResourceNames
+from gpu_share.sharing.placement import ClusterIndex, Shape, TieBreak, Workload, make_policy
+
+pytestmark = pytest.mark.cluster
+
+ROOT = Path(__file__).resolve().parents[2]
+MEM, CORE = "vendor.com/vcuda-memory", "vendor.com/vcuda-core"
+UNITS = 100
+N_NODES = 100
+KEY = b"real-scheduler-test-key-0123456789"
+
+
+def _cluster_env() -> dict[str, str]:
+    out = subprocess.run(["bash", str(ROOT / "hack/local-up-cluster.sh"), "env"],
+                         capture_output=True, text=True, timeout=60)
+    env = {}
+    for line in out.stdout.splitlines():
+        if line.startswith("export ") and "=" in line:
+            k, v = line[len("export "):].split("=", 1)
+            env[k] = v.strip('"')
+    status = subprocess.run(["bash", str(ROOT / "hack/local-up-cluster.sh"), "status"],
+                            capture_output=True, text=True, timeout=60)
+    if "kube-apiserver" not in status.stdout or "running" not in status.stdout:
+        pytest.skip("local cluster is not up (hack/local-up-cluster.sh up)")
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_real_scheduler_matches_simulator(tmp_path: Path) -> None:
+    from kubernetes import client as k8s  # the test may import it; the package may not
+
+    from gpu_share.kube.client import make_api_client
+    from gpu_share.kube.cluster_view import KubeBinder, KubeClusterView
+
+    env = _cluster_env()
+    kubeconfig = env["KUBECONFIG"]
+    sched_bin = Path(env["K8S_BIN_DIR"]) / "kube-scheduler"
+    api = make_api_client(kubeconfig)
+    core = k8s.CoreV1Api(api)
+    tag = uuid.uuid4().hex[:6]
+    prefix = f"gsr{tag}-"
+    sched_name = f"gpu-share-replay-{tag}"
+    ns = f"gs-replay-{tag}"
+
+    all_nodes = trace.load_nodes(units=UNITS, host=False)
+    nodes = all_nodes[:: max(1, len(all_nodes) // N_NODES)][:N_NODES]
+    capacity = sum(len(n.devices) for n in nodes) * trace.GPU_MILLI
+    pods = trace.load_pods(trace.trace_dir() / "openb_pod_list_default.csv")
+    order = [p for p in trace.arrival_order(pods, 42, capacity) if p.gpu_request > 0]
+    arrived, chosen = 0, []
+    for p in order:  # up to 100 % of these nodes' capacity
+        if arrived + p.gpu_request > capacity:
+            break
+        arrived += p.gpu_request
+        chosen.append(p)
+    workload = Workload(
+        Shape(c.memory_units, c.cores, 1.0) for p in pods for c in p.demand(UNITS).containers
+    )
+
+    # Simulator, same nodes (renamed alike: the prefix keeps name order) and pods.
+    sim_nodes = [
+        type(n)(prefix + n.name, tuple(
+            type(d)(f"{prefix}{d.uuid}", d.index, d.memory_total, d.memory_free,
+                    d.cores_total, d.cores_free) for d in n.devices), model=n.model)
+        for n in nodes
+    ]
+    index = ClusterIndex(make_policy("fgd", workload), sim_nodes, TieBreak.DETERMINISTIC)
+    sim_choice: list[str | None] = []
+    for p in chosen:
+        got = index.place(p.demand(UNITS, host=False))
+        sim_choice.append(None if got is None else got.node)
+
+    created_nodes: list[str] = []
+    server = None
+    sched = None
+    view = None
+    try:
+        core.create_namespace({"metadata": {"name": ns}})
+        for n in sim_nodes:
+            inv = InventoryAnnotation(n.name, 1024, tuple(
+                InventoryDevice(d.uuid, d.index, n.model, UNITS, 0, UNITS, 0, True, 0)
+                for d in n.devices))
+            core.create_node({"metadata": {
+                "name": n.name, "labels": {"gs-replay": tag},
+                "annotations": {inventory_key("vendor.com"): inv.encode()}}})
+            created_nodes.append(n.name)
+            g = str(len(n.devices) * UNITS)
+            cap = {"cpu": "1000", "memory": "4000Gi", "pods": "1000", MEM: g, CORE: g}
+            core.patch_node_status(n.name, {"status": {"capacity": cap, "allocatable": cap}})
+
+        view = KubeClusterView(api, domain="vendor.com", memory_resource=MEM,
+                               core_resource=CORE, default_workload=workload)
+        view.start()
+        assert view.wait_synced(30)
+        ext = Extender(ExtenderSettings(ResourceNames(MEM, CORE), "vendor.com", KEY), view,
+                       KubeBinder(api), lambda v: make_policy("fgd", workload))
+        port = _free_port()
+        server = make_server(ext, "127.0.0.1", port)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+
+        cfg = {
+            "apiVersion": "kubescheduler.config.k8s.io/v1",
+            "kind": "KubeSchedulerConfiguration",
+            "clientConnection": {"kubeconfig": kubeconfig},
+            "leaderElection": {"leaderElect": False},
+            "percentageOfNodesToScore": 100,
+            "profiles": [{"schedulerName": sched_name,
+                          "plugins": {"score": {"disabled": [{"name": "*"}]}}}],
+            "extenders": [{
+                "urlPrefix": f"http://127.0.0.1:{port}", "filterVerb": "filter",
+                "prioritizeVerb": "prioritize", "bindVerb": "bind", "weight": 1,
+                "nodeCacheCapable": True, "httpTimeout": "30s", "ignorable": False,
+                "managedResources": [{"name": MEM, "ignoredByScheduler": False},
+                                     {"name": CORE, "ignoredByScheduler": False}],
+            }],
+        }
+        (tmp_path / "sched.yaml").write_text(yaml.safe_dump(cfg))
+        log = (tmp_path / "sched.log").open("w")
+        sched = subprocess.Popen(
+            [str(sched_bin), f"--config={tmp_path / 'sched.yaml'}", "--secure-port=0", "--v=1"],
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "KUBECONFIG": kubeconfig})
+
+        real_choice: list[str | None] = []
+        for i, p in enumerate(chosen):
+            d = p.demand(UNITS, host=False).containers[0]
+            name = f"p{i:04d}"
+            core.create_namespaced_pod(ns, {
+                "metadata": {"name": name},
+                "spec": {
+                    "schedulerName": sched_name,
+                    "nodeSelector": {"gs-replay": tag},
+                    "tolerations": [{"operator": "Exists"}],
+                    "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                                    "resources": {"limits": {MEM: str(d.memory_units),
+                                                             CORE: str(d.cores)}}}],
+                },
+            })
+            real_choice.append(_wait_placed(core, ns, name, timeout=30.0))
+            assert sched.poll() is None, (tmp_path / "sched.log").read_text()[-3000:]
+
+        def alloc(choice: list[str | None]) -> float:
+            return 100 * sum(p.gpu_request for p, c in zip(chosen, choice, strict=True)
+                             if c) / capacity
+
+        same = sum(a == b for a, b in zip(sim_choice, real_choice, strict=True))
+        print(f"pods {len(chosen)}: same node {same}; allocation sim {alloc(sim_choice):.2f} %"
+              f" real {alloc(real_choice):.2f} %")
+        assert abs(alloc(sim_choice) - alloc(real_choice)) <= 0.5
+    finally:
+        if sched is not None:
+            sched.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                sched.wait(timeout=10)
+        if server is not None:
+            server.shutdown()
+        if view is not None:
+            view.stop()
+        # No kubelet runs these pods: only a zero grace period removes them at once.
+        with contextlib.suppress(Exception):
+            core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
+        with contextlib.suppress(Exception):
+            core.delete_namespace(ns, grace_period_seconds=0)
+        for n in created_nodes:
+            with contextlib.suppress(Exception):
+                core.delete_node(n)
+
+
+def _wait_placed(core: Any, ns: str, name: str, timeout: float) -> str | None:
+    """The node the pod was bound to, or None once the scheduler calls it unschedulable."""
+    deadline = time.monotonic() + timeout
+    delay = 0.02
+    while time.monotonic() < deadline:
+        pod = core.read_namespaced_pod(name, ns)
+        if pod.spec.node_name:
+            return str(pod.spec.node_name)
+        for c in pod.status.conditions or []:
+            if c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable":
+                return None
+        time.sleep(delay)
+        delay = min(0.2, delay * 1.5 + random.random() * 0.01)
+    raise AssertionError(f"pod {ns}/{name} neither bound nor unschedulable in {timeout} s")
