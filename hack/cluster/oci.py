@@ -15,6 +15,7 @@ CLI::
 
 Library: ``build_image(out, tag, rootfs_dirs=..., files=..., entrypoint=...)``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -123,11 +124,15 @@ def build_image(
     """Write an OCI image layout tar to ``out``; return the manifest digest."""
     if ":" not in tag.rsplit("/", 1)[-1]:
         tag = tag + ":latest"
-    arch = arch or {"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine, os.uname().machine)
+    arch = arch or {"x86_64": "amd64", "aarch64": "arm64"}.get(
+        os.uname().machine, os.uname().machine
+    )
     layer = build_layer(rootfs_dirs, files)
     layer_digest, _ = _blob(layer)
 
-    config: dict = {"Env": list(env) or ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]}
+    config: dict = {
+        "Env": list(env) or ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
+    }
     if entrypoint:
         config["Entrypoint"] = list(entrypoint)
     if cmd:
@@ -171,7 +176,11 @@ def build_image(
             }
         ],
     }
-    blobs = [(config_digest, config_bytes), (layer_digest, layer), (manifest_digest, manifest_bytes)]
+    blobs = [
+        (config_digest, config_bytes),
+        (layer_digest, layer),
+        (manifest_digest, manifest_bytes),
+    ]
 
     tmp = out + ".tmp"
     with tarfile.open(tmp, mode="w", format=tarfile.PAX_FORMAT) as tar:
@@ -199,16 +208,34 @@ def busybox_rootfs(dest: str, busybox: str = "/bin/busybox") -> None:
     """Populate ``dest`` with a static busybox and a symlink per applet."""
     if not os.path.exists(busybox):
         raise SystemExit(f"oci: {busybox} not found (apt-get install busybox-static)")
-    probe = subprocess.run(["file", "-L", busybox], capture_output=True, text=True) if shutil.which("file") else None
+    probe = (
+        subprocess.run(["file", "-L", busybox], capture_output=True, text=True)
+        if shutil.which("file")
+        else None
+    )
     if probe is not None and "dynamically linked" in probe.stdout:
         raise SystemExit(f"oci: {busybox} is dynamically linked; install busybox-static")
-    for d in ("bin", "etc", "tmp", "proc", "sys", "dev", "root", "var", "usr/bin", "usr/sbin", "sbin"):
+    for d in (
+        "bin",
+        "etc",
+        "tmp",
+        "proc",
+        "sys",
+        "dev",
+        "root",
+        "var",
+        "usr/bin",
+        "usr/sbin",
+        "sbin",
+    ):
         os.makedirs(os.path.join(dest, d), exist_ok=True)
     os.chmod(os.path.join(dest, "tmp"), 0o1777)
     target = os.path.join(dest, "bin", "busybox")
     shutil.copy2(busybox, target)
     os.chmod(target, 0o755)
-    applets = subprocess.run([busybox, "--list"], capture_output=True, text=True, check=True).stdout.split()
+    applets = subprocess.run(
+        [busybox, "--list"], capture_output=True, text=True, check=True
+    ).stdout.split()
     for applet in applets:
         link = os.path.join(dest, "bin", applet)
         if applet != "busybox" and not os.path.lexists(link):
@@ -224,7 +251,9 @@ def inspect(path: str) -> dict:
         index = json.load(tar.extractfile("index.json"))
         desc = index["manifests"][0]
         manifest = json.load(tar.extractfile("blobs/sha256/" + desc["digest"].split(":", 1)[1]))
-        config = json.load(tar.extractfile("blobs/sha256/" + manifest["config"]["digest"].split(":", 1)[1]))
+        config = json.load(
+            tar.extractfile("blobs/sha256/" + manifest["config"]["digest"].split(":", 1)[1])
+        )
     return {
         "name": desc.get("annotations", {}).get("io.containerd.image.name"),
         "digest": desc["digest"],
@@ -234,13 +263,19 @@ def inspect(path: str) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = ap.add_subparsers(dest="command", required=True)
 
     b = sub.add_parser("build-image", help="write an OCI image layout tar")
     b.add_argument("--tag", required=True, help="full image name, e.g. localhost/busybox:local")
-    b.add_argument("--rootfs", action="append", default=[], help="directory copied to / (repeatable)")
-    b.add_argument("--add", action="append", default=[], metavar="SRC=DEST", help="single file (repeatable)")
+    b.add_argument(
+        "--rootfs", action="append", default=[], help="directory copied to / (repeatable)"
+    )
+    b.add_argument(
+        "--add", action="append", default=[], metavar="SRC=DEST", help="single file (repeatable)"
+    )
     b.add_argument("--entrypoint", nargs="+", default=None)
     b.add_argument("--cmd", nargs="+", default=None)
     b.add_argument("--env", action="append", default=[], metavar="K=V")
@@ -264,10 +299,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not sep:
                 ap.error(f"--add expects SRC=DEST, got {spec!r}")
             files.append((src, dest))
-        labels = dict(l.split("=", 1) for l in args.label)
+        labels = dict(lab.split("=", 1) for lab in args.label)
         digest = build_image(
-            args.output, args.tag, args.rootfs, files, args.entrypoint, args.cmd,
-            args.env, args.workdir, args.user, labels,
+            args.output,
+            args.tag,
+            args.rootfs,
+            files,
+            args.entrypoint,
+            args.cmd,
+            args.env,
+            args.workdir,
+            args.user,
+            labels,
         )
         print(f"{args.output}: {args.tag} {digest}")
     elif args.command == "busybox-rootfs":

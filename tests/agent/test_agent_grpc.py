@@ -61,10 +61,14 @@ class RecordingPublisher:
     def annotate_node(self, node_name: str, annotations: Mapping[str, str | None]) -> None:
         self.node.update(annotations)
 
-    def annotate_pod(self, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None:
+    def annotate_pod(
+        self, namespace: str, name: str, annotations: Mapping[str, str | None]
+    ) -> None:
         self.pods.setdefault((namespace, name), {}).update(annotations)
 
-    def pod_event(self, namespace: str, name: str, *, reason: str, message: str, warning: bool) -> None:
+    def pod_event(
+        self, namespace: str, name: str, *, reason: str, message: str, warning: bool
+    ) -> None:
         self.events.append((f"{namespace}/{name}", reason, message))
 
     def node_event(self, node_name: str, *, reason: str, message: str, warning: bool) -> None:
@@ -88,16 +92,18 @@ class Rig:
     def start_agent(self) -> None:
         backend = DummyBackend(self.cfg.dummy, self.cfg.node_name, check_interval_s=0.05)
         backend.start()
-        client = PodResourcesClient(str(self.dir / "pr.sock"), timeout_s=1.0,
-                                    resource_names=[MEM, CORE])
-        self.agent = NodeAgent(self.cfg, backend, pod_resources=client, pods=self.pods,
-                               publisher=self.publisher)
+        client = PodResourcesClient(
+            str(self.dir / "pr.sock"), timeout_s=1.0, resource_names=[MEM, CORE]
+        )
+        self.agent = NodeAgent(
+            self.cfg, backend, pod_resources=client, pods=self.pods, publisher=self.publisher
+        )
         self.agent.start()
-        self.manager = PluginManager(self.agent.handlers(), self.dir / "dp",
-                                     fast_plugin_settings())
+        self.manager = PluginManager(self.agent.handlers(), self.dir / "dp", fast_plugin_settings())
         self.manager.start()
-        self.clients = {h.resource_name: self.kubelet.plugin(h.endpoint).watch()
-                        for h in self.agent.handlers()}
+        self.clients = {
+            h.resource_name: self.kubelet.plugin(h.endpoint).watch() for h in self.agent.handlers()
+        }
 
     def stop_agent(self) -> None:
         for c in self.clients.values():
@@ -117,7 +123,7 @@ class Rig:
 
     def publish_pr(self) -> None:
         pods: dict[tuple[str, str], list[PodResourcesContainer]] = {}
-        for (ns, pod, _c) in self.held:
+        for ns, pod, _c in self.held:
             pods.setdefault((ns, pod), [])
         for view in self.pods.pods.values():
             pods.setdefault((view.namespace, view.name), [])
@@ -127,8 +133,11 @@ class Rig:
             for name in names:
                 devs = self.held.get((ns, pod, name), {})
                 conts.append(PodResourcesContainer(name, {k: tuple(v) for k, v in devs.items()}))
-        self.pr.set_pods(PodResourcesView(tuple(
-            PodResourcesPod(ns, pod, tuple(c)) for (ns, pod), c in pods.items())))
+        self.pr.set_pods(
+            PodResourcesView(
+                tuple(PodResourcesPod(ns, pod, tuple(c)) for (ns, pod), c in pods.items())
+            )
+        )
 
     def admit(self, view: PodView, rng: random.Random) -> dict[str, dict[str, list[str]]]:
         """What the kubelet does for one pod: containers in order, resources in random
@@ -153,9 +162,13 @@ class Rig:
 
 def _pod(name: str, *containers: tuple[str, int, int], uid: str | None = None) -> PodView:
     return PodView(
-        uid=uid or f"uid-{name}", namespace="default", name=name, node_name="node-a",
-        containers=tuple(ContainerView(n, ContainerKind.APP, ContainerRequest(m, c))
-                         for n, m, c in containers),
+        uid=uid or f"uid-{name}",
+        namespace="default",
+        name=name,
+        node_name="node-a",
+        containers=tuple(
+            ContainerView(n, ContainerKind.APP, ContainerRequest(m, c)) for n, m, c in containers
+        ),
         phase="Pending",
     )
 
@@ -164,12 +177,17 @@ def _pod(name: str, *containers: tuple[str, int, int], uid: str | None = None) -
 def rig() -> Iterator[Rig]:
     d = Path(tempfile.mkdtemp(prefix="gsa-", dir="/tmp"))  # short: unix socket paths
     (d / "dp").mkdir()
-    cfg = AgentConfig.model_validate({
-        "version": "v1", "nodeName": "node-a", "backend": "dummy", "stateDir": str(d / "state"),
-        "dummy": {"deviceCount": 2, "memoryMiB": 8192, "faultFile": str(d / "faults.json")},
-        "kubelet": {"devicePluginDir": str(d / "dp"), "podResourcesSocket": str(d / "pr.sock")},
-        "health": {"pollIntervalSeconds": 0.05},
-    })
+    cfg = AgentConfig.model_validate(
+        {
+            "version": "v1",
+            "nodeName": "node-a",
+            "backend": "dummy",
+            "stateDir": str(d / "state"),
+            "dummy": {"deviceCount": 2, "memoryMiB": 8192, "faultFile": str(d / "faults.json")},
+            "kubelet": {"devicePluginDir": str(d / "dp"), "podResourcesSocket": str(d / "pr.sock")},
+            "health": {"pollIntervalSeconds": 0.05},
+        }
+    )
     kubelet = KubeletStub(d / "dp").start()
     pr = FakePodResources(d / "pr.sock").start()
     r = Rig(d, cfg, kubelet, pr, FakePods(), RecordingPublisher())
@@ -221,8 +239,9 @@ def test_memory_and_cores_of_each_container_land_on_one_device(rig: Rig, seed: i
         ids = [i for r in rig.held.values() for i in r.get(resource, [])]
         assert len(ids) == len(set(ids))
     assert rig.agent is not None and rig.agent.flush(5)
-    doc = PodAssignment.decode(rig.publisher.pods[("default", "b")]
-                               ["gpu-share.vendor.com/assignment"])
+    doc = PodAssignment.decode(
+        rig.publisher.pods[("default", "b")]["gpu-share.vendor.com/assignment"]
+    )
     assert set(doc.containers) == {"main", "side"}
 
 
@@ -244,8 +263,7 @@ def test_no_single_device_fits_fails_with_a_clear_message(rig: Rig) -> None:
 def test_fault_file_marks_units_unhealthy_and_recovers(rig: Rig) -> None:
     devices = sorted(_device_of(rig.all_ids(MEM)))
     write_faults(rig.cfg.dummy.fault_file, [devices[0]])
-    latest = rig.clients[MEM].wait_for_list(
-        lambda ds: any(not d.healthy for d in ds), timeout_s=5)
+    latest = rig.clients[MEM].wait_for_list(lambda ds: any(not d.healthy for d in ds), timeout_s=5)
     bad = {parse_unit_id(d.id).device for d in latest if not d.healthy}
     assert bad == {devices[0]}
     write_faults(rig.cfg.dummy.fault_file, [])

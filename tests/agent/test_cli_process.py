@@ -28,19 +28,40 @@ def workdir() -> Iterator[Path]:
 def _spawn(d: Path, *extra: str, env_extra: dict[str, str] | None = None) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GPU_SHARE_", "KUBE"))}
     env.update(env_extra or {})
-    env.update({
-        "GPU_SHARE_IDENTITY__USE_API_SERVER": "false",
-        "GPU_SHARE_PUBLISH__NODE_ANNOTATION": "false",
-        "GPU_SHARE_PUBLISH__POD_ANNOTATION": "false",
-        "GPU_SHARE_PUBLISH__EVENTS": "false",
-        "GPU_SHARE_DUMMY__FAULT_FILE": str(d / "faults.json"),
-    })
+    env.update(
+        {
+            "GPU_SHARE_IDENTITY__USE_API_SERVER": "false",
+            "GPU_SHARE_PUBLISH__NODE_ANNOTATION": "false",
+            "GPU_SHARE_PUBLISH__POD_ANNOTATION": "false",
+            "GPU_SHARE_PUBLISH__EVENTS": "false",
+            "GPU_SHARE_DUMMY__FAULT_FILE": str(d / "faults.json"),
+        }
+    )
     return subprocess.Popen(
-        [sys.executable, "-m", "gpu_share.cli.plugin_main", "--backend", "dummy",
-         "--node-name", "n1", "--device-plugin-dir", str(d / "dp"),
-         "--pod-resources-socket", str(d / "pr.sock"), "--state-dir", str(d / "state"),
-         "--metrics-port", "0", "--log-format", "text", *extra],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "gpu_share.cli.plugin_main",
+            "--backend",
+            "dummy",
+            "--node-name",
+            "n1",
+            "--device-plugin-dir",
+            str(d / "dp"),
+            "--pod-resources-socket",
+            str(d / "pr.sock"),
+            "--state-dir",
+            str(d / "state"),
+            "--metrics-port",
+            "0",
+            "--log-format",
+            "text",
+            *extra,
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
 
 
@@ -52,7 +73,10 @@ def test_serves_registers_and_cleans_up_on_sigterm(workdir: Path) -> None:
         assert kubelet.wait_for_registrations(2, timeout_s=20), proc.stdout
         sockets = sorted(p.name for p in (workdir / "dp").iterdir())
         assert sockets == [
-            "gpu-share-vcuda-core.sock", "gpu-share-vcuda-memory.sock", "kubelet.sock"]
+            "gpu-share-vcuda-core.sock",
+            "gpu-share-vcuda-memory.sock",
+            "kubelet.sock",
+        ]
         client = kubelet.plugin("gpu-share-vcuda-memory.sock").watch()
         assert len(client.wait_for_list(lambda ds: len(ds) > 0)) == 4 * 16
         ready = wait_until(lambda: _get("http://127.0.0.1:19431/readyz") == 200, 10)
@@ -102,8 +126,14 @@ def test_unknown_config_version_is_refused(workdir: Path) -> None:
 
 def test_device_list_over_1mib_is_refused_with_a_unit_suggestion(workdir: Path) -> None:
     # 64 devices x 80 GiB at 1 MiB units: over five million ids, far over the limit.
-    proc = _spawn(workdir, "--memory-unit-mib", "1", "--dummy-device-count", "64",
-                  env_extra={"GPU_SHARE_DUMMY__MEMORY_MIB": "81920"})
+    proc = _spawn(
+        workdir,
+        "--memory-unit-mib",
+        "1",
+        "--dummy-device-count",
+        "64",
+        env_extra={"GPU_SHARE_DUMMY__MEMORY_MIB": "81920"},
+    )
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 1, out
     assert "memoryUnitMiB" in out, out

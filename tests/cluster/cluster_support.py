@@ -2,6 +2,7 @@
 conftest.py): the ``Cluster`` handle (kubectl wrappers), the loud skip and
 the environment checks.  A separate module (not ``conftest``) so that test
 modules can import it by a unique name."""
+
 from __future__ import annotations
 
 import json
@@ -34,10 +35,19 @@ def environment_problem() -> str | None:
         return "not Linux"
     if os.geteuid() != 0:
         return "not running as root (the local cluster starts containerd and the kubelet)"
-    if not Path("/sys/fs/cgroup/memory").is_dir() and not Path("/sys/fs/cgroup/cgroup.controllers").exists():
+    if (
+        not Path("/sys/fs/cgroup/memory").is_dir()
+        and not Path("/sys/fs/cgroup/cgroup.controllers").exists()
+    ):
         return "no cgroup filesystem under /sys/fs/cgroup"
-    if Path("/sys/fs/cgroup/cgroup.controllers").exists() and not Path("/sys/fs/cgroup/memory").is_dir():
-        return "cgroup v2 only host: this cluster (kubelet v1.34 on containerd 1.6) is set up for cgroup v1"
+    if (
+        Path("/sys/fs/cgroup/cgroup.controllers").exists()
+        and not Path("/sys/fs/cgroup/memory").is_dir()
+    ):
+        return (
+            "cgroup v2 only host: this cluster (kubelet v1.34 on containerd 1.6)"
+            " is set up for cgroup v1"
+        )
     if shutil.which("go") is None:
         return "Go toolchain not found (needed to build Kubernetes and etcd)"
     if shutil.which("apt-get") is None and shutil.which("containerd") is None:
@@ -51,7 +61,7 @@ def parse_env(text: str) -> dict[str, str]:
         line = line.strip()
         if not line.startswith("export "):
             continue
-        name, _, value = line[len("export "):].partition("=")
+        name, _, value = line[len("export ") :].partition("=")
         words = shlex.split(value)
         env[name] = words[0] if words else ""
     return env
@@ -67,13 +77,16 @@ class Cluster:
     def node(self) -> str:
         return self.env["NODE_NAME"]
 
-    def kubectl(self, *args: str, check: bool = True, timeout: float = 120,
-                input: str | None = None) -> subprocess.CompletedProcess:
+    def kubectl(
+        self, *args: str, check: bool = True, timeout: float = 120, input: str | None = None
+    ) -> subprocess.CompletedProcess:
         cmd = [self.env["KUBECTL"], "--kubeconfig", self.env["KUBECONFIG"], *args]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, input=input)
         if check and proc.returncode != 0:
             raise AssertionError(
-                f"kubectl {' '.join(args)} failed (rc={proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+                f"kubectl {' '.join(args)} failed (rc={proc.returncode}):\n"
+                f"{proc.stdout}\n{proc.stderr}"
+            )
         return proc
 
     def kubectl_json(self, *args: str) -> dict:
@@ -83,8 +96,13 @@ class Cluster:
         text = manifest if isinstance(manifest, str) else json.dumps(manifest)
         self.kubectl("apply", "-f", "-", input=text)
 
-    def wait_pod_phase(self, namespace: str, name: str, phases: tuple[str, ...] = ("Succeeded",),
-                       timeout: float = 180) -> dict:
+    def wait_pod_phase(
+        self,
+        namespace: str,
+        name: str,
+        phases: tuple[str, ...] = ("Succeeded",),
+        timeout: float = 180,
+    ) -> dict:
         deadline = time.monotonic() + timeout
         pod: dict = {}
         while time.monotonic() < deadline:
@@ -101,7 +119,8 @@ class Cluster:
         raise AssertionError(
             f"pod {namespace}/{name} did not reach {phases} in {timeout}s "
             f"(phase={pod.get('status', {}).get('phase')}):\n{describe}\n"
-            f"kubelet log tail:\n{self.log_tail('kubelet')}")
+            f"kubelet log tail:\n{self.log_tail('kubelet')}"
+        )
 
     def log_tail(self, component: str, lines: int = 30) -> str:
         path = Path(self.env.get("CLUSTER_LOG_DIR", "/nonexistent")) / f"{component}.log"
@@ -111,7 +130,9 @@ class Cluster:
             return f"<cannot read {path}: {exc}>"
 
 
-def run_script(*args: str, timeout: float = 300, stream: bool = False) -> subprocess.CompletedProcess:
+def run_script(
+    *args: str, timeout: float = 300, stream: bool = False
+) -> subprocess.CompletedProcess:
     if stream:
         # Progress of a cold build goes to fd 2 (the terminal/CI log with -s,
         # else pytest's fd capture, shown on failure).

@@ -7,6 +7,7 @@ environment (the ``export`` lines of ``hack/local-up-cluster.sh env``).  A
 cluster that this fixture started is taken down at the end of the session
 unless GPU_SHARE_CLUSTER_KEEP=1; one that was already running is left running.
 """
+
 from __future__ import annotations
 
 import os
@@ -33,11 +34,16 @@ def cluster():
         loud_skip(problem)
     already_up = run_script("status").returncode == 0
     if not already_up:
-        sys.stderr.write(f"\n=== starting the local cluster: {SCRIPT} up (cold builds take a while)\n")
+        sys.stderr.write(
+            f"\n=== starting the local cluster: {SCRIPT} up (cold builds take a while)\n"
+        )
         up = run_script("up", timeout=UP_TIMEOUT_S, stream=True)
         if up.returncode != 0:
-            pytest.fail(f"{SCRIPT} up failed with rc={up.returncode}; see the output above "
-                        f"and the logs under the cluster work dir", pytrace=False)
+            pytest.fail(
+                f"{SCRIPT} up failed with rc={up.returncode}; see the output above "
+                f"and the logs under the cluster work dir",
+                pytrace=False,
+            )
     env_proc = run_script("env")
     assert env_proc.returncode == 0, env_proc.stderr
     c = Cluster(env=parse_env(env_proc.stdout), started_here=not already_up)
@@ -62,7 +68,10 @@ def namespace(cluster: Cluster):
     cluster.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        if cluster.kubectl("-n", name, "get", "serviceaccount", "default", check=False).returncode == 0:
+        if (
+            cluster.kubectl("-n", name, "get", "serviceaccount", "default", check=False).returncode
+            == 0
+        ):
             break
         time.sleep(0.5)
     yield name
