@@ -10,6 +10,7 @@
 #   hack/local-up-cluster.sh env           `export` lines (KUBECONFIG, DEVICE_PLUGIN_DIR, ...)
 #   hack/local-up-cluster.sh import-image TAR...   import image tars into the
 #                                          cluster's containerd (k8s.io namespace)
+#   hack/local-up-cluster.sh restart-kubelet   stop + start the kubelet, wait for Ready
 #   hack/local-up-cluster.sh build         only build/cache the binaries and images
 #   hack/local-up-cluster.sh logs COMPONENT  tail -f a component log
 #
@@ -662,6 +663,16 @@ export BUSYBOX_IMAGE="${BUSYBOX_IMAGE}"
 EOF
 }
 
+# Stops the kubelet and starts it again (as a node reboot of the kubelet would), waiting
+# for the node to be Ready again: device plugins must re-register with the new kubelet.
+cmd_restart_kubelet() {
+  need_root
+  is_running containerd || die "the local cluster is not up (run: $0 up)"
+  stop kubelet
+  start_kubelet
+  wait_for "node ${NODE_NAME} Ready" kubelet node_ready
+}
+
 cmd_import_image() {
   need_root
   (($#)) || die "usage: $0 import-image TAR..."
@@ -676,10 +687,11 @@ case "${1:-}" in
   status) cmd_status ;;
   env) cmd_env ;;
   import-image) shift; cmd_import_image "$@" ;;
+  restart-kubelet) cmd_restart_kubelet ;;
   build) ensure_packages; build_all; log "images: ${PAUSE_TAR} ${BUSYBOX_TAR}" ;;
   logs) shift; exec tail -n 100 -f "${LOG_DIR}/${1:?component}.log" ;;
   *)
-    sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
     exit 2
     ;;
 esac

@@ -12,8 +12,10 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from bench.replay import sim, trace
 
@@ -21,7 +23,7 @@ POLICIES = ("fgd", "best-fit", "packing", "random")
 TIES = ("deterministic", "random")
 
 
-def _job(args: tuple[str, str, str, int]) -> dict[str, object]:
+def _job(args: tuple[str, str, str, int]) -> dict[str, Any]:
     trace_file, policy, tie, seed = args
     nodes = trace.load_nodes()
     pods = trace.load_pods(Path(trace_file))
@@ -50,7 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ties", default=",".join(TIES))
     ap.add_argument("--seeds", default="42-51", help="e.g. 42-51 or 42,43")
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--out", default="replay-out", help="plots and results.json go here")
+    ap.add_argument(
+        "--out",
+        default=str(Path(tempfile.gettempdir()) / "gpu-share-replay"),
+        help="plots and results.json go here (keep it out of the repository)",
+    )
     a = ap.parse_args(argv)
     if "-" in a.seeds:
         lo, hi = a.seeds.split("-")
@@ -77,8 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def report(results: list[dict[str, object]], out: Path) -> None:
-    groups: dict[tuple[str, str, str], list[dict[str, object]]] = {}
+def report(results: list[dict[str, Any]], out: Path) -> None:
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for r in results:
         groups.setdefault((str(r["trace"]), str(r["policy"]), str(r["tie"])), []).append(r)
     cps = sim.CHECKPOINTS
@@ -97,14 +103,14 @@ def report(results: list[dict[str, object]], out: Path) -> None:
                 vals = [
                     float(
                         r["allocation"][str(c)]
-                        if str(c) in r["allocation"]  # type: ignore[index, operator]
+                        if str(c) in r["allocation"]
                         else r["allocation"].get(c, float("nan"))
-                    )  # type: ignore[union-attr]
+                    )
                     for r in rs
                 ]
                 means.append(statistics.fmean(vals))
-            p50 = statistics.fmean(float(r["p50_ms"]) for r in rs)  # type: ignore[arg-type]
-            p99 = max(float(r["p99_ms"]) for r in rs)  # type: ignore[arg-type]
+            p50 = statistics.fmean(float(r["p50_ms"]) for r in rs)
+            p99 = max(float(r["p99_ms"]) for r in rs)
             print(
                 f"{pol:<10} {tie:<13} {len(rs):>2} "
                 + " ".join(f"{m:6.2f}" for m in means)
@@ -114,7 +120,7 @@ def report(results: list[dict[str, object]], out: Path) -> None:
     sys.stdout.flush()
 
 
-def plot(tr: str, groups: dict[tuple[str, str, str], list[dict[str, object]]], out: Path) -> None:
+def plot(tr: str, groups: dict[tuple[str, str, str], list[dict[str, Any]]], out: Path) -> None:
     try:
         import matplotlib
 
@@ -126,8 +132,8 @@ def plot(tr: str, groups: dict[tuple[str, str, str], list[dict[str, object]]], o
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for (_, pol, tie), rs in sorted(groups.items()):
         curve = rs[0]["curve"]  # first seed; curves of seeds differ only slightly
-        xs = [float(x) for x, _ in curve]  # type: ignore[union-attr]
-        ys = [float(y) for _, y in curve]  # type: ignore[union-attr]
+        xs = [float(x) for x, _ in curve]
+        ys = [float(y) for _, y in curve]
         ax.plot(xs, ys, label=f"{pol} ({tie})", linestyle="-" if tie == "deterministic" else "--")
     ax.set_xlabel("arrived GPU requests (% of capacity)")
     ax.set_ylabel("unallocated GPU (% of capacity)")

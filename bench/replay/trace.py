@@ -56,9 +56,7 @@ class TracePod:
         )
 
 
-def load_nodes(
-    path: Path | None = None, units: int = UNITS, host: bool = True
-) -> list[NodeSlots]:
+def load_nodes(path: Path | None = None, units: int = UNITS, host: bool = True) -> list[NodeSlots]:
     """GPU nodes; ``host=False`` leaves CPU/memory unchecked."""
     path = path or trace_dir() / "openb_node_list_gpu_node.csv"
     out = []

@@ -138,7 +138,7 @@ def test_every_configmap_validates_as_agent_config(values: tuple[Any, ...]) -> N
 def test_host_paths_reach_config_and_mounts() -> None:
     objs = render(helm_path(4), [LOCAL])
     cfg = _config(objs, "local")
-    assert cfg["kubelet"]["devicePluginDir"] == "/var/lib/gpu-share-cluster/kubelet/device-plugins"
+    assert cfg["kubelet"]["devicePluginDir"] == "/var/lib/kubelet/device-plugins"
     assert cfg["kubelet"]["podResourcesSocket"] == (
         "/var/lib/gpu-share-cluster/kubelet/pod-resources/kubelet.sock"
     )

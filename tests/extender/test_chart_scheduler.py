@@ -30,8 +30,11 @@ def render(*sets: str) -> list[dict[str, Any]]:
 
 
 def test_disabled_by_default() -> None:
-    assert not [d for d in render() if "scheduler" in d["metadata"]["name"]
-                or "extender" in d["metadata"]["name"]]
+    assert not [
+        d
+        for d in render()
+        if "scheduler" in d["metadata"]["name"] or "extender" in d["metadata"]["name"]
+    ]
 
 
 def test_scheduler_block() -> None:
@@ -43,7 +46,9 @@ def test_scheduler_block() -> None:
     assert ext["urlPrefix"] == "http://t-gpu-share-extender.gs.svc:8888"
     assert ext["nodeCacheCapable"] is True and ext["bindVerb"] == "bind"
     assert [r["name"] for r in ext["managedResources"]] == [
-        "vendor.com/vcuda-memory", "vendor.com/vcuda-core"]
+        "vendor.com/vcuda-memory",
+        "vendor.com/vcuda-core",
+    ]
     sched = by[("Deployment", "t-gpu-share-scheduler")]["spec"]["template"]["spec"]
     assert sched["containers"][0]["image"] == "registry.k8s.io/kube-scheduler:v1.34.4"
     assert ("Secret", "t-gpu-share-decision-key") in by
@@ -55,6 +60,9 @@ def test_scheduler_block() -> None:
 def test_existing_secret_is_used() -> None:
     docs = render("scheduler.enabled=true", "scheduler.decisionKey.existingSecret=mine")
     assert not [d for d in docs if d["kind"] == "Secret"]
-    ext = next(d for d in docs if d["metadata"]["name"] == "t-gpu-share-extender"
-               and d["kind"] == "Deployment")
+    ext = next(
+        d
+        for d in docs
+        if d["metadata"]["name"] == "t-gpu-share-extender" and d["kind"] == "Deployment"
+    )
     assert ext["spec"]["template"]["spec"]["volumes"][0]["secret"]["secretName"] == "mine"

@@ -43,15 +43,23 @@ KEY = b"real-scheduler-test-key-0123456789"
 
 
 def _cluster_env() -> dict[str, str]:
-    out = subprocess.run(["bash", str(ROOT / "hack/local-up-cluster.sh"), "env"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        ["bash", str(ROOT / "hack/local-up-cluster.sh"), "env"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     env = {}
     for line in out.stdout.splitlines():
         if line.startswith("export ") and "=" in line:
-            k, v = line[len("export "):].split("=", 1)
+            k, v = line[len("export ") :].split("=", 1)
             env[k] = v.strip('"')
-    status = subprocess.run(["bash", str(ROOT / "hack/local-up-cluster.sh"), "status"],
-                            capture_output=True, text=True, timeout=60)
+    status = subprocess.run(
+        ["bash", str(ROOT / "hack/local-up-cluster.sh"), "status"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     if "kube-apiserver" not in status.stdout or "running" not in status.stdout:
         pytest.skip("local cluster is not up (hack/local-up-cluster.sh up)")
     return env
@@ -96,9 +104,21 @@ def test_real_scheduler_matches_simulator(tmp_path: Path) -> None:
 
     # Simulator, same nodes (renamed alike: the prefix keeps name order) and pods.
     sim_nodes = [
-        type(n)(prefix + n.name, tuple(
-            type(d)(f"{prefix}{d.uuid}", d.index, d.memory_total, d.memory_free,
-                    d.cores_total, d.cores_free) for d in n.devices), model=n.model)
+        type(n)(
+            prefix + n.name,
+            tuple(
+                type(d)(
+                    f"{prefix}{d.uuid}",
+                    d.index,
+                    d.memory_total,
+                    d.memory_free,
+                    d.cores_total,
+                    d.cores_free,
+                )
+                for d in n.devices
+            ),
+            model=n.model,
+        )
         for n in nodes
     ]
     index = ClusterIndex(make_policy("fgd", workload), sim_nodes, TieBreak.DETERMINISTIC)
@@ -114,23 +134,43 @@ def test_real_scheduler_matches_simulator(tmp_path: Path) -> None:
     try:
         core.create_namespace({"metadata": {"name": ns}})
         for n in sim_nodes:
-            inv = InventoryAnnotation(n.name, 1024, tuple(
-                InventoryDevice(d.uuid, d.index, n.model, UNITS, 0, UNITS, 0, True, 0)
-                for d in n.devices))
-            core.create_node({"metadata": {
-                "name": n.name, "labels": {"gs-replay": tag},
-                "annotations": {inventory_key("vendor.com"): inv.encode()}}})
+            inv = InventoryAnnotation(
+                n.name,
+                1024,
+                tuple(
+                    InventoryDevice(d.uuid, d.index, n.model, UNITS, 0, UNITS, 0, True, 0)
+                    for d in n.devices
+                ),
+            )
+            core.create_node(
+                {
+                    "metadata": {
+                        "name": n.name,
+                        "labels": {"gs-replay": tag},
+                        "annotations": {inventory_key("vendor.com"): inv.encode()},
+                    }
+                }
+            )
             created_nodes.append(n.name)
             g = str(len(n.devices) * UNITS)
             cap = {"cpu": "1000", "memory": "4000Gi", "pods": "1000", MEM: g, CORE: g}
             core.patch_node_status(n.name, {"status": {"capacity": cap, "allocatable": cap}})
 
-        view = KubeClusterView(api, domain="vendor.com", memory_resource=MEM,
-                               core_resource=CORE, default_workload=workload)
+        view = KubeClusterView(
+            api,
+            domain="vendor.com",
+            memory_resource=MEM,
+            core_resource=CORE,
+            default_workload=workload,
+        )
         view.start()
         assert view.wait_synced(30)
-        ext = Extender(ExtenderSettings(ResourceNames(MEM, CORE), "vendor.com", KEY), view,
-                       KubeBinder(api), lambda v: make_policy("fgd", workload))
+        ext = Extender(
+            ExtenderSettings(ResourceNames(MEM, CORE), "vendor.com", KEY),
+            view,
+            KubeBinder(api),
+            lambda v: make_policy("fgd", workload),
+        )
         port = _free_port()
         server = make_server(ext, "127.0.0.1", port)
         threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -141,47 +181,74 @@ def test_real_scheduler_matches_simulator(tmp_path: Path) -> None:
             "clientConnection": {"kubeconfig": kubeconfig},
             "leaderElection": {"leaderElect": False},
             "percentageOfNodesToScore": 100,
-            "profiles": [{"schedulerName": sched_name,
-                          "plugins": {"score": {"disabled": [{"name": "*"}]}}}],
-            "extenders": [{
-                "urlPrefix": f"http://127.0.0.1:{port}", "filterVerb": "filter",
-                "prioritizeVerb": "prioritize", "bindVerb": "bind", "weight": 1,
-                "nodeCacheCapable": True, "httpTimeout": "30s", "ignorable": False,
-                "managedResources": [{"name": MEM, "ignoredByScheduler": False},
-                                     {"name": CORE, "ignoredByScheduler": False}],
-            }],
+            "profiles": [
+                {"schedulerName": sched_name, "plugins": {"score": {"disabled": [{"name": "*"}]}}}
+            ],
+            "extenders": [
+                {
+                    "urlPrefix": f"http://127.0.0.1:{port}",
+                    "filterVerb": "filter",
+                    "prioritizeVerb": "prioritize",
+                    "bindVerb": "bind",
+                    "weight": 1,
+                    "nodeCacheCapable": True,
+                    "httpTimeout": "30s",
+                    "ignorable": False,
+                    "managedResources": [
+                        {"name": MEM, "ignoredByScheduler": False},
+                        {"name": CORE, "ignoredByScheduler": False},
+                    ],
+                }
+            ],
         }
         (tmp_path / "sched.yaml").write_text(yaml.safe_dump(cfg))
         log = (tmp_path / "sched.log").open("w")
         sched = subprocess.Popen(
             [str(sched_bin), f"--config={tmp_path / 'sched.yaml'}", "--secure-port=0", "--v=1"],
-            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "KUBECONFIG": kubeconfig})
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "KUBECONFIG": kubeconfig},
+        )
 
         real_choice: list[str | None] = []
         for i, p in enumerate(chosen):
             d = p.demand(UNITS, host=False).containers[0]
             name = f"p{i:04d}"
-            core.create_namespaced_pod(ns, {
-                "metadata": {"name": name},
-                "spec": {
-                    "schedulerName": sched_name,
-                    "nodeSelector": {"gs-replay": tag},
-                    "tolerations": [{"operator": "Exists"}],
-                    "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
-                                    "resources": {"limits": {MEM: str(d.memory_units),
-                                                             CORE: str(d.cores)}}}],
+            core.create_namespaced_pod(
+                ns,
+                {
+                    "metadata": {"name": name},
+                    "spec": {
+                        "schedulerName": sched_name,
+                        "nodeSelector": {"gs-replay": tag},
+                        "tolerations": [{"operator": "Exists"}],
+                        "containers": [
+                            {
+                                "name": "main",
+                                "image": "registry.k8s.io/pause:3.10",
+                                "resources": {
+                                    "limits": {MEM: str(d.memory_units), CORE: str(d.cores)}
+                                },
+                            }
+                        ],
+                    },
                 },
-            })
+            )
             real_choice.append(_wait_placed(core, ns, name, timeout=30.0))
             assert sched.poll() is None, (tmp_path / "sched.log").read_text()[-3000:]
 
         def alloc(choice: list[str | None]) -> float:
-            return 100 * sum(p.gpu_request for p, c in zip(chosen, choice, strict=True)
-                             if c) / capacity
+            return (
+                100
+                * sum(p.gpu_request for p, c in zip(chosen, choice, strict=True) if c)
+                / capacity
+            )
 
         same = sum(a == b for a, b in zip(sim_choice, real_choice, strict=True))
-        print(f"pods {len(chosen)}: same node {same}; allocation sim {alloc(sim_choice):.2f} %"
-              f" real {alloc(real_choice):.2f} %")
+        print(
+            f"pods {len(chosen)}: same node {same}; allocation sim {alloc(sim_choice):.2f} %"
+            f" real {alloc(real_choice):.2f} %"
+        )
         assert abs(alloc(sim_choice) - alloc(real_choice)) <= 0.5
     finally:
         if sched is not None:

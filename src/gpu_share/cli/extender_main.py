@@ -79,8 +79,16 @@ def main(argv: list[str] | None = None) -> int:
     if not view.wait_synced(60):
         log.warning("cluster view not synced after 60 s; serving anyway")
 
+    cache: dict[str, tuple[Workload | None, ClusterPolicy]] = {}
+
     def policy(v: ClusterView) -> ClusterPolicy:
-        return make_policy(a.policy, v.workload() if a.policy == "fgd" else None)
+        # One policy per workload object, so its memo survives between requests.
+        w = v.workload() if a.policy == "fgd" else None
+        got = cache.get("p")
+        if got is None or got[0] is not w:
+            got = (w, make_policy(a.policy, w))
+            cache["p"] = got
+        return got[1]
 
     ext = Extender(ExtenderSettings(names, a.domain, key), view, KubeBinder(api), policy)
     host, _, port = a.listen.rpartition(":")

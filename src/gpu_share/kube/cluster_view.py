@@ -61,6 +61,7 @@ class KubeClusterView:
         self._nodes: dict[str, InventoryAnnotation] = {}
         self._pods: dict[str, dict[str, Any]] = {}  # uid -> pod object (bound, not terminal)
         self._pending: dict[str, tuple[str, Usage, float]] = {}
+        self._wl: tuple[tuple[tuple[tuple[int, int], int], ...], Workload] | None = None
         self._stop = threading.Event()
         self._synced = {"nodes": threading.Event(), "pods": threading.Event()}
 
@@ -87,8 +88,16 @@ class KubeClusterView:
     def workload(self) -> Workload:
         """Requests of pods seen (bound or pending), else the configured default mix."""
         with self._lock:
-            shapes = [Shape(m, c, 1.0) for p in self._pods.values() for m, c in self._requests(p)]
-        return Workload(shapes) if shapes else self._default
+            counts: dict[tuple[int, int], int] = {}
+            for p in self._pods.values():
+                for r in self._requests(p):
+                    counts[r] = counts.get(r, 0) + 1
+            key = tuple(sorted(counts.items()))
+            # Same mix, same object: the policy built on it keeps its memo across requests.
+            if self._wl is None or self._wl[0] != key:
+                wl = Workload(Shape(m, c, float(n)) for (m, c), n in key) if key else self._default
+                self._wl = (key, wl)
+            return self._wl[1]
 
     def reserve(self, pod_uid: str, node: str, shares: Mapping[str, tuple[int, int]]) -> None:
         with self._lock:

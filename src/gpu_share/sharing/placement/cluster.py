@@ -180,6 +180,7 @@ class ClusterIndex:
         self._node_sid: dict[str, int] = {}
         self._shape_id: dict[DemandShape, int] = {}
         self._memo: dict[tuple[int, int], StateEval | None] = {}
+        self._before: dict[str, float] = {}  # fgd potential of each node as it is
         for n in nodes:
             self._add(n)
 
@@ -200,6 +201,7 @@ class ClusterIndex:
         bisect.insort(self._groups.setdefault(sid, []), node.name)
 
     def _remove(self, name: str) -> None:
+        self._before.pop(name, None)
         sid = self._node_sid.pop(name)
         del self.nodes[name]
         g = self._groups[sid]
@@ -263,9 +265,13 @@ class ClusterIndex:
                 if host_fits(node, pod) is not None:
                     continue
                 host = host_of(node, pod)
+                before = self._before.get(n)
+                if before is None:
+                    before = self.policy.potential(state, node.cpu_free, node.host_memory_free)
+                    self._before[n] = before
                 ev: StateEval | None = None
                 for plan in plans:
-                    sc = self.policy.score(state, plan, host)
+                    sc = self.policy.score(state, plan, host, before)
                     if ev is None or sc < ev.score:
                         ev = StateEval(sc, plan.after, plan.steps)
                 assert ev is not None

@@ -120,8 +120,9 @@ class Workload:
         if cpu_free is None and memory_free is None:
             return self._all_host
         rc = len(self._cpus) if cpu_free is None else bisect.bisect_right(self._cpus, cpu_free)
-        rm = (len(self._mems) if memory_free is None
-              else bisect.bisect_right(self._mems, memory_free))
+        rm = (
+            len(self._mems) if memory_free is None else bisect.bisect_right(self._mems, memory_free)
+        )
         v = self._host.get((rc, rm))
         if v is None:
             max_cpu = self._cpus[rc - 1] if rc else -1
@@ -200,8 +201,9 @@ class Workload:
     ) -> float:
         """The node's expected fragment over the workload (memoised)."""
         rc = len(self._cpus) if cpu_free is None else bisect.bisect_right(self._cpus, cpu_free)
-        rm = (len(self._mems) if memory_free is None
-              else bisect.bisect_right(self._mems, memory_free))
+        rm = (
+            len(self._mems) if memory_free is None else bisect.bisect_right(self._mems, memory_free)
+        )
         key = (state, rc, rm)
         v = self._frag.get(key)
         if v is None:

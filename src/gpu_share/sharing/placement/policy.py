@@ -183,21 +183,26 @@ class ClusterPolicy:
                 out.append(Plan(cur, tuple(steps)))
         return tuple(out)
 
-    def score(self, state: StateKey, plan: Plan, host: Host | None = None) -> Score:
+    def potential(self, state: StateKey, cpu_free: int | None, memory_free: int | None) -> float:
+        """fgd's node value: fragmentation plus weighted host stranding."""
+        w = self.workload
+        assert w is not None
+        return w.fragmentation(state, cpu_free, memory_free) + self.stranded_weight * (
+            w.stranded(state, cpu_free, memory_free)
+        )
+
+    def score(
+        self, state: StateKey, plan: Plan, host: Host | None = None, before: float | None = None
+    ) -> Score:
+        """Score of ``plan`` on ``state``; ``before`` = ``potential`` of the node as it is
+        (callers that score many plans of one node pass it in)."""
         if self.host_aware and self.workload is not None:
             h = host or Host(None, None)
+            if before is None:
+                before = self.potential(state, h.cpu_free, h.memory_free)
             cpu_after, mem_after = h.after()
-            w = self.workload
-            delta = (
-                w.fragmentation(plan.after, cpu_after, mem_after)
-                - w.fragmentation(state, h.cpu_free, h.memory_free)
-                + self.stranded_weight
-                * (
-                    w.stranded(plan.after, cpu_after, mem_after)
-                    - w.stranded(state, h.cpu_free, h.memory_free)
-                )
-            )
-            return (round(delta, _ROUND), round(w.usable(plan.after)[0], _ROUND))
+            delta = self.potential(plan.after, cpu_after, mem_after) - before
+            return (round(delta, _ROUND), round(self.workload.usable(plan.after)[0], _ROUND))
         if not plan.steps:
             # Nothing of ours requested: prefer nodes with the least free GPU capacity so
             # GPU-free pods stay off nodes GPU pods still need.

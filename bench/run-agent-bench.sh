@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The agent benchmark (issue #7): prints the gpu-share vs Go sample-plugin table.
+#
+#   bench/run-agent-bench.sh            micro-benchmark + cluster benchmark (3 rounds A B)
+#   ROUNDS=1 PODS=10 ALLOCATIONS=100 bench/run-agent-bench.sh   a quicker pass
+#   SKIP_MICRO=1 / SKIP_CLUSTER=1       run one half only
+#
+# The cluster half holds /tmp/gpu-share-cluster.lock (shared with the other users of
+# the one local cluster) only while it measures; it needs root and a built cluster
+# (hack/local-up-cluster.sh up). Results also go to $OUT_DIR (default /tmp/gsb-results).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. hack/lib/venv.sh
+ensure_venv
+LOCK=${GPU_SHARE_CLUSTER_LOCK:-/tmp/gpu-share-cluster.lock}
+OUT_DIR=${OUT_DIR:-/tmp/gsb-results}
+PEER=${PEER_BIN:-${GPU_SHARE_CACHE:-$HOME/.cache/gpu-share}/bench/peer}
+mkdir -p "$OUT_DIR"
+
+echo "== $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(nproc) cores, $(free -g | awk '/^Mem:/{print $2}') GiB;" \
+  "load averages: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+if [[ -z "${SKIP_MICRO:-}" ]]; then
+  echo "== micro-benchmark (no kubelet)"
+  python -m bench.agent.micro --pods "${MICRO_PODS:-250}" --json "$OUT_DIR/micro.json" 2>/dev/null
+fi
+
+if [[ -z "${SKIP_CLUSTER:-}" ]]; then
+  echo "== building the Go peer (sample device plugin, N devices)"
+  bash bench/agent/build-peer.sh "$PEER"
+  eval "$(bash hack/local-up-cluster.sh env)"
+  echo "== waiting for the cluster lock $LOCK"
+  flock "$LOCK" bash -c '
+    set -euo pipefail
+    bash hack/local-up-cluster.sh status >/dev/null || bash hack/local-up-cluster.sh up
+    echo "== cluster benchmark (lock held; load averages: $(cut -d" " -f1-3 /proc/loadavg))"
+    python -m bench.agent.cluster --peer "$0" --rounds "${ROUNDS:-3}" --pods "${PODS:-50}" \
+      --allocations "${ALLOCATIONS:-1000}" --json "$1/cluster.json"
+  ' "$PEER" "$OUT_DIR"
+  echo "== done; load averages: $(cut -d' ' -f1-3 /proc/loadavg)"
+fi

@@ -1,0 +1,436 @@
+"""Helpers of the end-to-end stories (fixtures are in conftest.py).
+
+Everything goes through the real tools a user has: ``kubectl`` and ``helm`` against the
+local cluster (hack/local-up-cluster.sh), the image built by hack/build-image.sh, and
+the kubelet's own PodResources API as the ground truth of which device ids each
+container holds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+CLUSTER_SCRIPT = REPO / "hack" / "local-up-cluster.sh"
+BUILD_SCRIPT = REPO / "hack" / "build-image.sh"
+CHART = REPO / "charts" / "gpu-share"
+VALUES = (
+    REPO / "values-examples" / "dummy-npu.yaml",
+    REPO / "values-examples" / "local-cluster.yaml",
+)
+LOCK_FILE = os.environ.get("GPU_SHARE_CLUSTER_LOCK", "/tmp/gpu-share-cluster.lock")
+
+RELEASE = "gpu-share"
+AGENT_NS = "gpu-share"
+SERVICE_ACCOUNT = "gpu-share"  # the chart's full name for release "gpu-share"
+MEM = "vendor.com/vcuda-memory"
+CORE = "vendor.com/vcuda-core"
+ASSIGNMENT = "gpu-share.vendor.com/assignment"
+INVENTORY = "gpu-share.vendor.com/inventory"
+BUSYBOX = "localhost/busybox:local"
+# values-examples/local-cluster.yaml: 4 dummy devices of 16 GiB, 1 GiB units.
+DEVICES = 4
+UNITS_PER_DEVICE = 16
+# The line every test container prints first: what the runtime handed it.
+SEEN_PREFIX = "SEEN "
+SEEN_CMD = (
+    'echo "SEEN visible=$DUMMY_VISIBLE_DEVICES ids=$GPU_SHARE_DEVICE_IDS'
+    ' mem=$GPU_SHARE_MEMORY_LIMIT_MIB cores=$GPU_SHARE_CORE_PERCENT"'
+)
+
+
+def wait_until(what: str, check: Callable[[], Any], timeout: float, interval: float = 1.0) -> Any:
+    """Polls ``check`` until it returns something truthy (returned); bounded in time."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        last = check()
+        if last:
+            return last
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})"
+            )
+        time.sleep(interval)
+
+
+def parse_env(text: str) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("export "):
+            name, _, value = line[len("export ") :].partition("=")
+            words = shlex.split(value)
+            env[name] = words[0] if words else ""
+    return env
+
+
+@dataclass
+class Kube:
+    """kubectl + helm against the local cluster, as the admin."""
+
+    env: dict[str, str]
+    helm_bin: str
+    log: list[str] = field(default_factory=list)
+
+    @property
+    def node(self) -> str:
+        return self.env["NODE_NAME"]
+
+    def run(
+        self,
+        cmd: Sequence[str],
+        *,
+        check: bool = True,
+        timeout: float = 180,
+        input: str | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "KUBECONFIG": self.env["KUBECONFIG"]}
+        proc = subprocess.run(
+            list(cmd), capture_output=True, text=True, timeout=timeout, input=input, env=env
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(
+                f"{shlex.join(cmd)} failed (rc={proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+            )
+        return proc
+
+    def kubectl(self, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
+        return self.run([self.env["KUBECTL"], *args], **kw)
+
+    def helm(self, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
+        return self.run([self.helm_bin, *args], **kw)
+
+    def get(self, *args: str) -> Any:
+        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+    def apply(self, docs: Iterable[Mapping[str, Any]]) -> None:
+        text = "\n---\n".join(json.dumps(d) for d in docs)
+        self.kubectl("apply", "-f", "-", input=text)
+
+    # ------------------------------------------------------------------ the node
+
+    def node_resources(self) -> dict[str, dict[str, int]]:
+        """{"capacity": {MEM: n, CORE: n}, "allocatable": {...}}; 0 where absent."""
+        status = self.get("node", self.node)["status"]
+        return {
+            k: {r: int(status.get(k, {}).get(r, "0")) for r in (MEM, CORE)}
+            for k in ("capacity", "allocatable")
+        }
+
+    def inventory(self) -> dict[str, Any]:
+        raw = self.get("node", self.node)["metadata"].get("annotations", {}).get(INVENTORY)
+        return json.loads(raw) if raw else {}
+
+    # ------------------------------------------------------------------ the agent
+
+    def agent_pods(self) -> list[dict[str, Any]]:
+        pods = self.get("pods", "-n", AGENT_NS, "-l", "app.kubernetes.io/component=agent")["items"]
+        return [p for p in pods if p["metadata"].get("deletionTimestamp") is None]
+
+    def ready_agent(self) -> dict[str, Any] | None:
+        for p in self.agent_pods():
+            conds = {c["type"]: c["status"] for c in p.get("status", {}).get("conditions", [])}
+            if conds.get("Ready") == "True":
+                return p
+        return None
+
+    def agent_exec(self, *cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        pod = self.ready_agent()
+        assert pod is not None, "no ready agent pod"
+        return self.kubectl(
+            "-n", AGENT_NS, "exec", pod["metadata"]["name"], "-c", "agent", "--", *cmd, check=check
+        )
+
+    def installed(self) -> bool:
+        return self.helm("status", RELEASE, "-n", AGENT_NS, check=False).returncode == 0
+
+    def install(self, *extra: str, action: str = "install", timeout: int = 300) -> None:
+        args = [action, RELEASE, str(CHART), "-n", AGENT_NS]
+        for v in VALUES:
+            args += ["-f", str(v)]
+        args += [*extra, "--wait", "--timeout", f"{timeout}s"]
+        self.helm(*args, timeout=timeout + 30)
+
+    def wait_agent_serving(self, timeout: float = 180) -> None:
+        """A ready agent pod and the node advertising every device."""
+        wait_until("a ready agent pod", self.ready_agent, timeout)
+        want = {MEM: DEVICES * UNITS_PER_DEVICE, CORE: DEVICES * 100}
+        wait_until(
+            f"node allocatable {want}",
+            lambda: self.node_resources()["allocatable"] == want,
+            timeout,
+        )
+
+    def uninstall(self, timeout: float = 180) -> None:
+        if self.installed():
+            self.helm(
+                "uninstall",
+                RELEASE,
+                "-n",
+                AGENT_NS,
+                "--wait",
+                "--timeout",
+                f"{int(timeout)}s",
+                timeout=timeout + 30,
+            )
+        wait_until(
+            "agent pods gone",
+            lambda: (
+                not self.get("pods", "-n", AGENT_NS, "-l", "app.kubernetes.io/component=agent")[
+                    "items"
+                ]
+            ),
+            timeout,
+        )
+
+    # ------------------------------------------------------------------ namespaces / pods
+
+    def create_namespace(self, name: str) -> str:
+        self.kubectl("delete", "namespace", name, "--ignore-not-found", "--wait=true", timeout=180)
+        self.kubectl("create", "namespace", name)
+        wait_until(
+            f"default ServiceAccount in {name}",
+            lambda: self.kubectl("-n", name, "get", "sa", "default", check=False).returncode == 0,
+            60,
+        )
+        return name
+
+    def delete_namespace(self, name: str, wait: bool = True) -> None:
+        self.kubectl(
+            "delete",
+            "namespace",
+            name,
+            "--ignore-not-found",
+            f"--wait={str(wait).lower()}",
+            "--timeout=240s",
+            check=False,
+            timeout=260,
+        )
+
+    def pods(self, ns: str) -> list[dict[str, Any]]:
+        return list(self.get("pods", "-n", ns)["items"])
+
+    def events(self, ns: str, name: str) -> list[str]:
+        items = self.get("events", "-n", ns, "--field-selector", f"involvedObject.name={name}")[
+            "items"
+        ]
+        return [f"{e.get('reason')}: {e.get('message')}" for e in items]
+
+    def seen(self, ns: str, pod: str, container: str) -> dict[str, str]:
+        """What the container printed on its SEEN line (key=value pairs)."""
+        out = self.kubectl("-n", ns, "logs", pod, "-c", container, check=False).stdout
+        for line in out.splitlines():
+            if line.startswith(SEEN_PREFIX):
+                return dict(
+                    kv.split("=", 1) for kv in line[len(SEEN_PREFIX) :].split() if "=" in kv
+                )
+        return {}
+
+    def wait_pods_settled(self, ns: str, timeout: float) -> list[dict[str, Any]]:
+        """Until no pod is Pending (Running, Succeeded or Failed each); returns them."""
+
+        def settled() -> list[dict[str, Any]] | None:
+            pods = self.pods(ns)
+            if all(p["status"].get("phase") in ("Running", "Succeeded", "Failed") for p in pods):
+                return pods
+            return None
+
+        return wait_until(f"pods of {ns} settled", settled, timeout, interval=2)
+
+
+def container(
+    name: str, memory: int = 0, cores: int = 0, *, command: str | None = None, sleep: bool = True
+) -> dict[str, Any]:
+    limits: dict[str, str] = {}
+    if memory:
+        limits[MEM] = str(memory)
+    if cores:
+        limits[CORE] = str(cores)
+    script = command or (SEEN_CMD + ("; exec sleep 3600" if sleep else ""))
+    c: dict[str, Any] = {
+        "name": name,
+        "image": BUSYBOX,
+        "imagePullPolicy": "Never",
+        "command": ["sh", "-c", script],
+    }
+    if limits:
+        c["resources"] = {"limits": limits}
+    return c
+
+
+def pod(
+    name: str,
+    ns: str,
+    containers: Sequence[Mapping[str, Any]],
+    init_containers: Sequence[Mapping[str, Any]] = (),
+    annotations: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 0,
+        "automountServiceAccountToken": False,
+        "containers": list(containers),
+    }
+    if init_containers:
+        spec["initContainers"] = list(init_containers)
+    meta: dict[str, Any] = {"name": name, "namespace": ns}
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+def device_of(device_id: str) -> str:
+    """The device uuid of a kubelet device id (``<uuid>::mem::<i>``, ``<uuid>::core::<i>``)."""
+    return device_id.split("::", 1)[0]
+
+
+def assignment(pod_obj: Mapping[str, Any]) -> dict[str, Any]:
+    raw = pod_obj["metadata"].get("annotations", {}).get(ASSIGNMENT)
+    return json.loads(raw)["containers"] if raw else {}
+
+
+def kubelet_devices(socket: str) -> dict[tuple[str, str, str], dict[str, tuple[str, ...]]]:
+    """(namespace, pod, container) -> {resource: device ids}, from the kubelet's own
+    PodResources API (the ground truth of what it handed out)."""
+    from gpu_share.plugin.podresources import PodResourcesClient
+
+    client = PodResourcesClient(socket, timeout_s=10, resource_names=(MEM, CORE))
+    try:
+        view = client.list()
+    finally:
+        client.close()
+    out: dict[tuple[str, str, str], dict[str, tuple[str, ...]]] = {}
+    for p in view.pods:
+        for c in p.containers:
+            if c.devices:
+                out[(p.namespace, p.name, c.name)] = dict(c.devices)
+    return out
+
+
+@dataclass
+class Audit:
+    """What the kubelet handed out vs what the agent published, node-wide."""
+
+    mismatches: list[str]
+    # (namespace, pod, container) -> device uuids it holds (kubelet view)
+    placement: dict[tuple[str, str, str], set[str]]
+    mem_used: dict[str, int]
+    cores_used: dict[str, int]
+
+
+def audit(kube: Kube) -> Audit:
+    """Checks every container holding our resources, from the kubelet's PodResources:
+
+    * its memory and core ids are on ONE device (several only for cores > 100, whole);
+    * the pod's assignment annotation names the same device(s) and amounts;
+    * no id is held by containers of two different pods (init-container reuse within a
+      pod is the kubelet's own accounting);
+    * no device is over-committed (memory units, cores; an exclusive device is alone);
+    * the node inventory annotation's `used` equals what the kubelet handed out.
+    """
+    held = kubelet_devices(kube.env["POD_RESOURCES_SOCKET"])
+    pods: dict[tuple[str, str], dict[str, Any]] = {}
+    for p in kube.get("pods", "-A")["items"]:
+        pods[(p["metadata"]["namespace"], p["metadata"]["name"])] = p
+    bad: list[str] = []
+    placement: dict[tuple[str, str, str], set[str]] = {}
+    owner: dict[str, tuple[str, str]] = {}
+    mem_ids: dict[str, set[str]] = {}
+    core_ids: dict[str, set[str]] = {}
+    exclusive: dict[str, set[tuple[str, str]]] = {}
+    holders: dict[str, set[tuple[str, str]]] = {}
+    for (ns, name, cname), res in sorted(held.items()):
+        where = f"{ns}/{name}/{cname}"
+        mids, cids = res.get(MEM, ()), res.get(CORE, ())
+        devs = {device_of(i) for i in (*mids, *cids)}
+        placement[(ns, name, cname)] = devs
+        if len(devs) > 1 and len(cids) <= 100:
+            bad.append(f"{where}: split over {sorted(devs)} (kubelet ids)")
+        for i in (*mids, *cids):
+            prev = owner.setdefault(i, (ns, name))
+            if prev != (ns, name):
+                bad.append(f"{where}: id {i} also held by {prev[0]}/{prev[1]}")
+        for d in devs:
+            holders.setdefault(d, set()).add((ns, name))
+        for i in mids:
+            mem_ids.setdefault(device_of(i), set()).add(i)
+        for i in cids:
+            core_ids.setdefault(device_of(i), set()).add(i)
+        p = pods.get((ns, name))
+        if p is None:
+            continue  # gone from the API already: the kubelet still cleans up
+        ann = assignment(p).get(cname)
+        if ann is None:
+            bad.append(f"{where}: holds {sorted(devs)} but has no assignment annotation")
+            continue
+        adevs = {d["id"] for d in ann["devices"]}
+        if adevs != devs:
+            bad.append(f"{where}: annotation says {sorted(adevs)}, kubelet gave {sorted(devs)}")
+        amem = sum(int(d["memoryUnits"]) for d in ann["devices"])
+        if not any(d.get("exclusive") for d in ann["devices"]) and amem != len(mids):
+            bad.append(f"{where}: annotation {amem} memory units, kubelet gave {len(mids)}")
+        acores = sum(int(d["cores"]) for d in ann["devices"])
+        if acores != len(cids):
+            bad.append(f"{where}: annotation {acores} cores, kubelet gave {len(cids)}")
+        for d in ann["devices"]:
+            if d.get("exclusive"):
+                exclusive.setdefault(d["id"], set()).add((ns, name))
+    for d, owners in exclusive.items():
+        if holders.get(d, set()) - owners:
+            bad.append(
+                f"device {d} exclusive to {sorted(owners)} but shared with "
+                f"{sorted(holders[d] - owners)}"
+            )
+    mem_used = {d: len(ids) for d, ids in mem_ids.items()}
+    cores_used = {d: len(ids) for d, ids in core_ids.items()}
+    for d, n in mem_used.items():
+        if n > UNITS_PER_DEVICE:
+            bad.append(f"device {d}: {n} memory units handed out > {UNITS_PER_DEVICE}")
+    for d, n in cores_used.items():
+        if n > 100:
+            bad.append(f"device {d}: {n} cores handed out > 100")
+    return Audit(bad, placement, mem_used, cores_used)
+
+
+def inventory_matches(kube: Kube, a: Audit) -> list[str]:
+    """Differences between the node inventory annotation and the kubelet's view
+    (exclusive devices count as fully used in the inventory)."""
+    inv = kube.inventory()
+    out: list[str] = []
+    for d in inv.get("devices", []):
+        uid = d["id"]
+        mem, cores = a.mem_used.get(uid, 0), a.cores_used.get(uid, 0)
+        if cores >= 100:  # exclusive (cores == 100 or part of a > 100 request)
+            mem = d["memoryUnits"]["total"]
+        if d["memoryUnits"]["used"] != mem or d["cores"]["used"] != cores:
+            out.append(
+                f"inventory {uid}: used memory {d['memoryUnits']['used']} cores "
+                f"{d['cores']['used']}, kubelet: memory {mem} cores {cores}"
+            )
+    return out
+
+
+def assert_consistent(kube: Kube, timeout: float = 60) -> Audit:
+    """audit() has no mismatch and the inventory catches up with the kubelet (the agent
+    publishes asynchronously)."""
+    last: list[str] = []
+
+    def ok() -> Audit | None:
+        nonlocal last
+        a = audit(kube)
+        last = a.mismatches + inventory_matches(kube, a)
+        return a if not last else None
+
+    try:
+        return wait_until("a consistent node", ok, timeout, interval=2)
+    except AssertionError:
+        raise AssertionError("mismatches:\n  " + "\n  ".join(last)) from None

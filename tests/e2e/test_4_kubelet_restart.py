@@ -1,0 +1,101 @@
+"""Story 4: the kubelet restarts. The agent re-registers within seconds, running pods
+keep their slices, and a new pod gets a slice that does not overlap theirs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.e2e.support import (
+    CLUSTER_SCRIPT,
+    DEVICES,
+    MEM,
+    UNITS_PER_DEVICE,
+    Kube,
+    assert_consistent,
+    container,
+    kubelet_devices,
+    pod,
+    wait_until,
+)
+
+pytestmark = pytest.mark.e2e
+
+
+def _advertised(agent: Kube) -> bool:
+    from gpu_share.plugin.podresources import PodResourcesClient
+
+    client = PodResourcesClient(
+        agent.env["POD_RESOURCES_SOCKET"], timeout_s=2, resource_names=(MEM,)
+    )
+    try:
+        return len(client.allocatable().get(MEM, ())) == DEVICES * UNITS_PER_DEVICE
+    except Exception:
+        return False
+    finally:
+        client.close()
+
+
+def test_story4_kubelet_restart_plugin_reregisters_slices_kept(agent: Kube, namespace: str) -> None:
+    """Story 4: restart the kubelet; re-registration within seconds, old slices kept,
+    new slice disjoint from them."""
+    agent.apply(pod(f"before-{i}", namespace, [container("main", 4, 30)]) for i in range(3))
+    agent.kubectl(
+        "-n",
+        namespace,
+        "wait",
+        "--for=condition=Ready",
+        "pod",
+        "--all",
+        "--timeout=120s",
+        timeout=150,
+    )
+    before = {
+        k: v
+        for k, v in kubelet_devices(agent.env["POD_RESOURCES_SOCKET"]).items()
+        if k[0] == namespace
+    }
+    assert len(before) == 3
+    uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in agent.pods(namespace)}
+
+    proc = subprocess.run(
+        ["bash", str(CLUSTER_SCRIPT), "restart-kubelet"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr
+    t0 = time.monotonic()
+    wait_until(
+        "the new kubelet lists our devices as allocatable",
+        lambda: _advertised(agent),
+        60,
+        interval=0.5,
+    )
+    took = time.monotonic() - t0
+    sys.stderr.write(f"\nstory 4: re-registered {took:.1f}s after the kubelet came back\n")
+    assert took < 30
+
+    after = {
+        k: v
+        for k, v in kubelet_devices(agent.env["POD_RESOURCES_SOCKET"]).items()
+        if k[0] == namespace
+    }
+    assert after == before, "running pods' device ids changed across the kubelet restart"
+    for p in agent.pods(namespace):
+        assert p["metadata"]["uid"] == uids[p["metadata"]["name"]]
+        assert p["status"]["phase"] == "Running"
+        assert all(cs["restartCount"] == 0 for cs in p["status"]["containerStatuses"])
+
+    agent.apply([pod("after", namespace, [container("main", 4, 30)])])
+    agent.kubectl(
+        "-n", namespace, "wait", "--for=condition=Ready", "pod/after", "--timeout=120s", timeout=150
+    )
+    held = kubelet_devices(agent.env["POD_RESOURCES_SOCKET"])
+    new = {i for ids in held[(namespace, "after", "main")].values() for i in ids}
+    old = {i for res in before.values() for ids in res.values() for i in ids}
+    assert new and not new & old
+    assert_consistent(agent)
