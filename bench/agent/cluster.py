@@ -53,7 +53,7 @@ PEER_RESOURCE = "example.com/resource"
 NS = "gpu-share-bench"
 KUBELET_ALLOC = "kubelet_device_plugin_alloc_duration_seconds"
 REG_LINE = re.compile(
-    r'^I(\d{2})(\d{2}) (\d{2}):(\d{2}):(\d{2})\.(\d{6}) .*Got registration request from device'
+    r"^I(\d{2})(\d{2}) (\d{2}):(\d{2}):(\d{2})\.(\d{6}) .*Got registration request from device"
     r' plugin with resource" resourceName="([^"]+)"'
 )
 
@@ -87,10 +87,18 @@ class Env:
     @classmethod
     def from_environ(cls) -> Env:
         e = os.environ
-        return cls(e["NODE_NAME"], e["KUBECONFIG"], e["DEVICE_PLUGIN_DIR"],
-                   e["POD_RESOURCES_SOCKET"], e["KUBELET_METRICS_URL"], e["CLUSTER_CA_CERT"],
-                   e["CLUSTER_ADMIN_CERT"], e["CLUSTER_ADMIN_KEY"], e["BUSYBOX_IMAGE"],
-                   os.path.join(e["CLUSTER_LOG_DIR"], "kubelet.log"))
+        return cls(
+            e["NODE_NAME"],
+            e["KUBECONFIG"],
+            e["DEVICE_PLUGIN_DIR"],
+            e["POD_RESOURCES_SOCKET"],
+            e["KUBELET_METRICS_URL"],
+            e["CLUSTER_CA_CERT"],
+            e["CLUSTER_ADMIN_CERT"],
+            e["CLUSTER_ADMIN_KEY"],
+            e["BUSYBOX_IMAGE"],
+            os.path.join(e["CLUSTER_LOG_DIR"], "kubelet.log"),
+        )
 
 
 def wait_for(pred: Callable[[], bool], timeout_s: float, step_s: float = 0.1) -> bool:
@@ -131,18 +139,27 @@ class Cluster:
 
     def create_pods(self, n: int, resource: str, prefix: str) -> None:
         for i in range(n):
-            self.api.create_namespaced_pod(NS, {
-                "apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": f"{prefix}-{i}", "labels": {"app": "gpu-share-bench"}},
-                "spec": {
-                    "restartPolicy": "Never", "terminationGracePeriodSeconds": 0,
-                    "containers": [{
-                        "name": "main", "image": self.env.busybox, "imagePullPolicy": "Never",
-                        "command": ["sleep", "3600"],
-                        "resources": {"limits": {resource: "1"}},
-                    }],
+            self.api.create_namespaced_pod(
+                NS,
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": f"{prefix}-{i}", "labels": {"app": "gpu-share-bench"}},
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "terminationGracePeriodSeconds": 0,
+                        "containers": [
+                            {
+                                "name": "main",
+                                "image": self.env.busybox,
+                                "imagePullPolicy": "Never",
+                                "command": ["sleep", "3600"],
+                                "resources": {"limits": {resource: "1"}},
+                            }
+                        ],
+                    },
                 },
-            })
+            )
 
     def pod_phases(self) -> list[str]:
         return [p.status.phase for p in self.api.list_namespaced_pod(NS).items]
@@ -227,8 +244,9 @@ class RoundResult:
     notes: list[str] = field(default_factory=list)
 
 
-def run_round(s: Subject, cluster: Cluster, n_pods: int, allocations: int, idx: int,
-              log_dir: Path) -> RoundResult:
+def run_round(
+    s: Subject, cluster: Cluster, n_pods: int, allocations: int, idx: int, log_dir: Path
+) -> RoundResult:
     env = cluster.env
     res = RoundResult(s.name)
     f = res.figures
@@ -237,15 +255,22 @@ def run_round(s: Subject, cluster: Cluster, n_pods: int, allocations: int, idx: 
     log_offset = os.path.getsize(env.kubelet_log)
     out = open(log_dir / f"{s.name}-{idx}.log", "wb")  # noqa: SIM115 - closed below
     t0 = time.time()
-    proc = subprocess.Popen(s.argv, env={**os.environ, **s.env}, stdout=out,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        s.argv,
+        env={**os.environ, **s.env},
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
+
         def registered() -> list[tuple[float, str]]:
             with open(env.kubelet_log, "rb") as fh:
                 fh.seek(log_offset)
                 text = fh.read().decode(errors="replace")
-            return [r for r in klog_registrations(text, dt.date.today().year)
-                    if r[1] in s.resources]
+            return [
+                r for r in klog_registrations(text, dt.date.today().year) if r[1] in s.resources
+            ]
 
         ok = wait_for(lambda: {r for _, r in registered()} >= set(s.resources), 60, 0.05)
         regs = registered()
@@ -260,8 +285,11 @@ def run_round(s: Subject, cluster: Cluster, n_pods: int, allocations: int, idx: 
         a_before = fetch(f"http://127.0.0.1:{s.metrics_port}/metrics") if s.metrics_port else ""
         t1 = time.time()
         cluster.create_pods(n_pods, s.resource, f"{s.name}-{idx}")
-        ok = wait_for(lambda: (p := cluster.pod_phases()).count("Running") == n_pods
-                      and len(p) == n_pods, 600, 0.25)
+        ok = wait_for(
+            lambda: (p := cluster.pod_phases()).count("Running") == n_pods and len(p) == n_pods,
+            600,
+            0.25,
+        )
         f["admission_s"] = time.time() - t1 if ok else None
         if not ok:
             res.notes.append(f"round {idx}: pods not all Running: {cluster.pod_phases()}")
@@ -275,8 +303,10 @@ def run_round(s: Subject, cluster: Cluster, n_pods: int, allocations: int, idx: 
             f["kubelet_alloc_le_5ms_frac"] = dict(h.buckets).get(0.005, 0.0) / h.count
         if s.metrics_port:
             a_after = fetch(f"http://127.0.0.1:{s.metrics_port}/metrics")
-            for key, name in (("agent_gpa", "gpu_share_preferred_allocation_seconds"),
-                              ("agent_alloc", "gpu_share_allocate_seconds")):
+            for key, name in (
+                ("agent_gpa", "gpu_share_preferred_allocation_seconds"),
+                ("agent_alloc", "gpu_share_allocate_seconds"),
+            ):
                 ah = hist_delta(a_before, a_after, name, resource=s.resource)
                 if ah is not None and ah.count > 0:
                     f[f"{key}_p50_ms"] = (ah.quantile(0.5) or 0) * 1e3
@@ -316,17 +346,48 @@ def subjects(env: Env, peer_bin: str, work: Path, devices: int, metrics_port: in
     units = devices * 16
     fault = str(work / "faults.json")
     ours = Subject(
-        "gpu-share", MEM, units,
-        [sys.executable, "-m", "gpu_share.cli.plugin_main", "--backend", "dummy",
-         "--node-name", env.node, "--device-plugin-dir", env.dp_dir,
-         "--pod-resources-socket", env.pr_socket, "--state-dir", str(work / "state"),
-         "--metrics-port", str(metrics_port), "--log-format", "text"],
-        {"GPU_SHARE_DUMMY__DEVICE_COUNT": str(devices), "GPU_SHARE_DUMMY__MEMORY_MIB": "16384",
-         "GPU_SHARE_DUMMY__FAULT_FILE": fault, "KUBECONFIG": env.kubeconfig},
-        [MEM, "vendor.com/vcuda-core"], "gpu-share-vcuda-memory.sock", metrics_port, fault,
+        "gpu-share",
+        MEM,
+        units,
+        [
+            sys.executable,
+            "-m",
+            "gpu_share.cli.plugin_main",
+            "--backend",
+            "dummy",
+            "--node-name",
+            env.node,
+            "--device-plugin-dir",
+            env.dp_dir,
+            "--pod-resources-socket",
+            env.pr_socket,
+            "--state-dir",
+            str(work / "state"),
+            "--metrics-port",
+            str(metrics_port),
+            "--log-format",
+            "text",
+        ],
+        {
+            "GPU_SHARE_DUMMY__DEVICE_COUNT": str(devices),
+            "GPU_SHARE_DUMMY__MEMORY_MIB": "16384",
+            "GPU_SHARE_DUMMY__FAULT_FILE": fault,
+            "KUBECONFIG": env.kubeconfig,
+        },
+        [MEM, "vendor.com/vcuda-core"],
+        "gpu-share-vcuda-memory.sock",
+        metrics_port,
+        fault,
     )
-    peer = Subject("sample", PEER_RESOURCE, units, [peer_bin], {"PEER_DEVICE_COUNT": str(units)},
-                   [PEER_RESOURCE], "peer.*")
+    peer = Subject(
+        "sample",
+        PEER_RESOURCE,
+        units,
+        [peer_bin],
+        {"PEER_DEVICE_COUNT": str(units)},
+        [PEER_RESOURCE],
+        "peer.*",
+    )
     return [ours, peer]
 
 
@@ -372,8 +433,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path)
     ns = p.parse_args(argv)
     env = Env.from_environ()
-    others = subprocess.run(["pgrep", "-f", "gpu_share.cli.plugin_main|gpu-share-plugin"],
-                            capture_output=True, text=True).stdout.split()
+    others = subprocess.run(
+        ["pgrep", "-f", "gpu_share.cli.plugin_main|gpu-share-plugin"],
+        capture_output=True,
+        text=True,
+    ).stdout.split()
     if others:
         print(f"another gpu-share agent runs (pids {others}); stop it first", file=sys.stderr)
         return 1
@@ -392,16 +456,21 @@ def main(argv: list[str] | None = None) -> int:
             results.append(r)
     with contextlib.suppress(Exception):
         cluster.api.delete_namespace(NS)
-    print(f"\nN = {ns.pods} pods x 1 unit; {ns.devices} dummy devices x 16 GiB = "
-          f"{ns.devices * 16} units vs sample peer with {ns.devices * 16} devices; "
-          f"{ns.rounds} rounds A B A B; plugin logs in {logs}")
+    print(
+        f"\nN = {ns.pods} pods x 1 unit; {ns.devices} dummy devices x 16 GiB = "
+        f"{ns.devices * 16} units vs sample peer with {ns.devices * 16} devices; "
+        f"{ns.rounds} rounds A B A B; plugin logs in {logs}"
+    )
     print(render_table(table(results)))
     for r in results:
         for note in r.notes:
             print("note:", note)
     if ns.json:
-        ns.json.write_text(json.dumps([{"subject": r.subject, **r.figures, "notes": r.notes}
-                                       for r in results], indent=2))
+        ns.json.write_text(
+            json.dumps(
+                [{"subject": r.subject, **r.figures, "notes": r.notes} for r in results], indent=2
+            )
+        )
     return 0
 
 

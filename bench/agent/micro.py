@@ -45,9 +45,13 @@ from gpu_share.sharing.model import (
     PodResourcesPod,
     PodResourcesView,
     PodView,
-    ResourceKind,
 )
-from tests.support.kubelet_stub import FakePodResources, KubeletStub, PluginClient, fast_plugin_settings
+from tests.support.kubelet_stub import (
+    FakePodResources,
+    KubeletStub,
+    PluginClient,
+    fast_plugin_settings,
+)
 
 MEM = "vendor.com/vcuda-memory"
 CORE = "vendor.com/vcuda-core"
@@ -62,10 +66,15 @@ def agent_config(root: Path, devices: int, memory_mib: int, unit_mib: int) -> Ag
             "backend": "dummy",
             "memoryUnitMiB": unit_mib,
             "stateDir": str(root / "state"),
-            "dummy": {"deviceCount": devices, "memoryMiB": memory_mib,
-                      "faultFile": str(root / "faults.json")},
-            "kubelet": {"devicePluginDir": str(root / "dp"),
-                        "podResourcesSocket": str(root / "pr.sock")},
+            "dummy": {
+                "deviceCount": devices,
+                "memoryMiB": memory_mib,
+                "faultFile": str(root / "faults.json"),
+            },
+            "kubelet": {
+                "devicePluginDir": str(root / "dp"),
+                "podResourcesSocket": str(root / "pr.sock"),
+            },
             "logging": {"level": "warning"},
         }
     )
@@ -81,8 +90,10 @@ def listandwatch_sizes(devices: int, memory_mib: int, unit_mib: int) -> dict[str
         agent = NodeAgent(cfg, backend, pod_resources=None, pods=None, publisher=None)
         agent.start()
         try:
-            return {h.resource_name: listandwatch_message_size(h.list_devices())
-                    for h in agent.handlers()}
+            return {
+                h.resource_name: listandwatch_message_size(h.list_devices())
+                for h in agent.handlers()
+            }
         finally:
             agent.stop()
     finally:
@@ -119,8 +130,11 @@ class Kubelet:
 
     def _publish(self) -> None:  # caller holds self.lock
         pods = tuple(
-            PodResourcesPod("bench", name, (PodResourcesContainer(
-                "main", {k: tuple(v) for k, v in devs.items()}),))
+            PodResourcesPod(
+                "bench",
+                name,
+                (PodResourcesContainer("main", {k: tuple(v) for k, v in devs.items()}),),
+            )
             for (_ns, name), devs in self.held.items()
         )
         self.pr.set_pods(PodResourcesView(pods))
@@ -133,9 +147,13 @@ class Kubelet:
 
     def admit(self, name: str, memory_units: int, cores: int, created: float) -> None:
         view = PodView(
-            uid=f"uid-{name}", namespace="bench", name=name, node_name=NODE,
-            containers=(ContainerView("main", ContainerKind.APP,
-                                      ContainerRequest(memory_units, cores)),),
+            uid=f"uid-{name}",
+            namespace="bench",
+            name=name,
+            node_name=NODE,
+            containers=(
+                ContainerView("main", ContainerKind.APP, ContainerRequest(memory_units, cores)),
+            ),
             created_at=created,
         )
         with self.specs.lock:
@@ -153,7 +171,7 @@ class Kubelet:
                 t1 = time.perf_counter()
                 client.allocate(ids)
                 t2 = time.perf_counter()
-            except Exception as exc:  # noqa: BLE001 - a benchmark counts failures
+            except Exception as exc:  # a benchmark counts failures
                 detail = exc.details() if isinstance(exc, grpc.RpcError) else str(exc)
                 self.errors.append(f"{name} {resource}: {detail}")
                 continue
@@ -171,8 +189,14 @@ class Kubelet:
             self.specs.pods.pop(("bench", name), None)
 
 
-def run(pods: int = 250, concurrency: int = 8, devices: int = 8, memory_mib: int = 81920,
-        unit_mib: int = 256, resident: int = 40) -> dict[str, object]:
+def run(
+    pods: int = 250,
+    concurrency: int = 8,
+    devices: int = 8,
+    memory_mib: int = 81920,
+    unit_mib: int = 256,
+    resident: int = 40,
+) -> dict[str, object]:
     root = Path(tempfile.mkdtemp(prefix="gsm-", dir="/tmp"))
     (root / "dp").mkdir()
     cfg = agent_config(root, devices, memory_mib, unit_mib)
@@ -190,8 +214,9 @@ def run(pods: int = 250, concurrency: int = 8, devices: int = 8, memory_mib: int
         agent.start()
         manager = PluginManager(agent.handlers(), root / "dp", fast_plugin_settings())
         manager.start()
-        clients = {h.resource_name: kubelet_stub.plugin(h.endpoint).watch()
-                   for h in agent.handlers()}
+        clients = {
+            h.resource_name: kubelet_stub.plugin(h.endpoint).watch() for h in agent.handlers()
+        }
         for c in clients.values():
             c.wait_for_list(lambda ds: len(ds) > 0, timeout_s=30)
         kubelet = Kubelet(fake_pr, specs, clients)
@@ -224,8 +249,9 @@ def run(pods: int = 250, concurrency: int = 8, devices: int = 8, memory_mib: int
                 if i >= 2:
                     kubelet.delete(f"c{w}-{i - 2}")
 
-        threads = [threading.Thread(target=caller, args=(w,), daemon=True)
-                   for w in range(concurrency)]
+        threads = [
+            threading.Thread(target=caller, args=(w,), daemon=True) for w in range(concurrency)
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -234,8 +260,10 @@ def run(pods: int = 250, concurrency: int = 8, devices: int = 8, memory_mib: int
         result = {
             "shape": f"{devices} x {memory_mib // 1024} GiB at {unit_mib} MiB units",
             "latency_s": {
-                phase: {label: {"p50": percentile(v, 0.5), "p99": percentile(v, 0.99),
-                                "n": len(v)} for label, v in sorted(samples.items())}
+                phase: {
+                    label: {"p50": percentile(v, 0.5), "p99": percentile(v, 0.99), "n": len(v)}
+                    for label, v in sorted(samples.items())
+                }
                 for phase, samples in tables.items()
             },
             "errors": kubelet.errors[:20],
@@ -266,8 +294,9 @@ def render(result: dict[str, object]) -> str:
     lines.append(f"{'phase':<22} {'call':<48} {'n':>5} {'p50 ms':>8} {'p99 ms':>8}")
     for phase, calls in latency.items():
         for label, f in calls.items():
-            lines.append(f"{phase:<22} {label:<48} {f['n']:>5} {f['p50'] * 1e3:8.2f} "
-                         f"{f['p99'] * 1e3:8.2f}")
+            lines.append(
+                f"{phase:<22} {label:<48} {f['n']:>5} {f['p50'] * 1e3:8.2f} {f['p99'] * 1e3:8.2f}"
+            )
     lines.append(f"errors: {result.get('error_count')} {result.get('errors') or ''}")
     sizes = result.get("listandwatch_bytes")
     assert isinstance(sizes, dict)

@@ -179,21 +179,37 @@ def fmt_ratio(r: float | None) -> str:
     return "n/a" if r is None else f"{r:.2f}x"
 
 
-def render_table(rows: Sequence[Row], title_ours: str = "gpu-share", title_peer: str = "sample (Go)") -> str:
+def render_table(
+    rows: Sequence[Row], title_ours: str = "gpu-share", title_peer: str = "sample (Go)"
+) -> str:
     """A Markdown table: figure | unit | ours median (min-max) | peer | ratio | target."""
-    header = ("figure", "unit", f"{title_ours} median (min-max)",
-              f"{title_peer} median (min-max)", "ratio", "target")
+    header = (
+        "figure",
+        "unit",
+        f"{title_ours} median (min-max)",
+        f"{title_peer} median (min-max)",
+        "ratio",
+        "target",
+    )
     body = [
-        (r.figure, r.unit, fmt_summary(r.ours), fmt_summary(r.peer),
-         fmt_ratio(ratio(r.ours, r.peer)), r.target)
+        (
+            r.figure,
+            r.unit,
+            fmt_summary(r.ours),
+            fmt_summary(r.peer),
+            fmt_ratio(ratio(r.ours, r.peer)),
+            r.target,
+        )
         for r in rows
     ]
-    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h)
-              for i, h in enumerate(header)]
+    widths = [
+        max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)
+    ]
     lines = [
         "| " + " | ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)) + " |",
         "|" + "|".join("-" * (w + 2) for w in widths) + "|",
     ]
-    lines += ["| " + " | ".join(c.ljust(w) for c, w in zip(b, widths, strict=True)) + " |"
-              for b in body]
+    lines += [
+        "| " + " | ".join(c.ljust(w) for c, w in zip(b, widths, strict=True)) + " |" for b in body
+    ]
     return "\n".join(lines)

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from gpu_share.agent.feed import ChangeFeed
 from gpu_share.agent.ports import PodResourcesSource, PodSource, Publisher
@@ -19,7 +20,13 @@ from gpu_share.agent.publisher import BackgroundPublisher
 from gpu_share.agent.state import LedgerStore
 from gpu_share.config.model import AgentConfig
 from gpu_share.devices.base import Device, DeviceBackend, HealthEvent
-from gpu_share.errors import AllocationError, GpuShareError, KubeAccessError, LedgerError
+from gpu_share.errors import (
+    AllocationError,
+    ConfigError,
+    GpuShareError,
+    KubeAccessError,
+    LedgerError,
+)
 from gpu_share.sharing.annotations import (
     assignment_key,
     encode_assignment,
@@ -178,6 +185,8 @@ class NodeAgent:
             self.names,
             make_policy(self.cfg.placement.policy),
             degraded_mode=self.cfg.identity.degraded_mode,
+            decision_key=self._decision_key(),
+            node_name=self.cfg.node_name,
         )
         log.info(
             "devices discovered",
@@ -354,6 +363,18 @@ class NodeAgent:
                 self.reconcile()
             except GpuShareError as exc:
                 log.error("reconcile failed: %s", exc)
+
+    def _decision_key(self) -> bytes | None:
+        path = self.cfg.placement.decision_key_file
+        if not path:
+            return None
+        try:
+            key = Path(path).read_bytes().strip()
+        except OSError as exc:
+            raise ConfigError(f"placement.decisionKeyFile {path} cannot be read: {exc}") from exc
+        if not key:
+            raise ConfigError(f"placement.decisionKeyFile {path} is empty")
+        return key
 
     def _load_ledger(self) -> Ledger:
         try:

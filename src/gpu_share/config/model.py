@@ -148,6 +148,9 @@ class DummyConfig(_Strict):
 
 class PlacementConfig(_Strict):
     policy: PlacementPolicyName = PlacementPolicyName.BEST_FIT
+    # File holding the HMAC key of the scheduler extender's signed decisions (a mounted
+    # Secret). Empty: extender decisions are ignored and the node policy always decides.
+    decision_key_file: str = ""
 
 
 class IdentityConfig(_Strict):

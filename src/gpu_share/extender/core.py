@@ -45,7 +45,8 @@ def pod_requests(pod: Mapping[str, Any], names: ResourceNames) -> dict[str, Cont
     out: dict[str, ContainerRequest] = {}
     for c in list(spec.get("initContainers") or []) + list(spec.get("containers") or []):
         res = c.get("resources") or {}
-        amounts = {**(res.get("limits") or {}), **(res.get("requests") or {})}
+        # Limits win over requests, as in kube/pods.py.
+        amounts = {**(res.get("requests") or {}), **(res.get("limits") or {})}
         mem = _quantity(amounts.get(names.memory, 0))
         cores = _quantity(amounts.get(names.core, 0))
         if mem or cores:

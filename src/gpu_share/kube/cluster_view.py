@@ -135,7 +135,8 @@ class KubeClusterView:
         spec = pod.get("spec") or {}
         for c in list(spec.get("initContainers") or []) + list(spec.get("containers") or []):
             res = c.get("resources") or {}
-            amounts = {**(res.get("limits") or {}), **(res.get("requests") or {})}
+            # Limits win over requests, as in kube/pods.py.
+            amounts = {**(res.get("requests") or {}), **(res.get("limits") or {})}
             try:
                 m, k = int(str(amounts.get(self._mem, 0))), int(str(amounts.get(self._cores, 0)))
             except ValueError:

@@ -20,6 +20,7 @@ from gpu_share.sharing.annotations import (
     InventoryDevice,
     PodAssignment,
 )
+from gpu_share.sharing.decision import DecisionError, decision_key, verify
 from gpu_share.sharing.ids import count_by_device, group_by_device, parse_unit_ids
 from gpu_share.sharing.inventory import CORES_PER_DEVICE, DeviceCapacity, Inventory
 from gpu_share.sharing.ledger import (
@@ -134,6 +135,8 @@ class AllocationEngine:
         degraded_mode: DegradedMode = "single-device",
         release_grace_s: float = DEFAULT_RELEASE_GRACE_S,
         pairing_window_s: float = DEFAULT_PAIRING_WINDOW_S,
+        decision_key: bytes | None = None,
+        node_name: str = "",
     ) -> None:
         self._inventory = inventory
         self.ledger = ledger
@@ -143,6 +146,10 @@ class AllocationEngine:
         self.release_grace_s = release_grace_s
         self.pairing_window_s = pairing_window_s
         self._views: dict[PodKey, PodView] = {}  # PodViews seen (requests never change)
+        # Key of the extender's signed decisions; None: decisions are ignored.
+        self.decision_key = decision_key
+        self.node_name = node_name
+        self._notes: list[str] = []  # facts found while deciding, drained per call
 
     # ------------------------------------------------------------------ inventory
     @property
@@ -272,6 +279,7 @@ class AllocationEngine:
             missing = sorted(set(must_include) - set(avail))
             raise _err("InvalidRequest", f"must_include ids not in available: {missing[:3]}")
         self._merge_views(ctx.pods)
+        self._notes = []
         notes = self._release_stale(kind, sorted(set(avail) - set(must_include)), None)
         match, reason = self._identify(kind, size, must_include, ctx)
         if match is None:
@@ -294,6 +302,7 @@ class AllocationEngine:
             raise
         entry = entry.with_offer(kind, ids, ctx.now)
         self.ledger.put(entry)
+        notes.extend(self._drain_notes())
         return Preferred(ids, entry, entry.source, tuple(notes), ambiguity)
 
     # ------------------------------------------------------------------ Allocate
@@ -307,6 +316,7 @@ class AllocationEngine:
             if not self._inventory.require(u.device).healthy:
                 raise _err("DeviceUnhealthy", f"device {u.device} is unhealthy")
         self._merge_views(ctx.pods)
+        self._notes = []
         notes: list[str] = []
         ambiguity = 0
         idset = set(ids)
@@ -339,6 +349,7 @@ class AllocationEngine:
             raise
         entry = entry.with_ids(kind, ids, ctx.now)
         self.ledger.put(entry)
+        notes.extend(self._drain_notes())
         return Allocation(
             entry, entry.state is EntryState.COMPLETE, entry.source, tuple(notes), ambiguity
         )
@@ -575,8 +586,38 @@ class AllocationEngine:
         probe = LedgerEntry(
             ref, c.request, (), EntrySource.NODE_AGENT, now, now, c.kind, match.order
         )
+        pinned = self._pinned(pod, c.name, now)
+        if pinned:
+            try:
+                shares = self._decide(probe, kind, available, must_include, pinned)
+                return replace(probe, shares=shares, source=EntrySource.EXTENDER)
+            except AllocationError as exc:
+                self._notes.append(
+                    f"extender decision for {ref} not followed ({exc.reason}: {exc.message}); "
+                    "placing by the node policy"
+                )
         shares = self._decide(probe, kind, available, must_include)
         return replace(probe, shares=shares)
+
+    def _drain_notes(self) -> list[str]:
+        out, self._notes = self._notes, []
+        return out
+
+    def _pinned(self, pod: PodView, container: str, now: float) -> tuple[str, ...] | None:
+        """Devices the extender chose for ``container``, if its decision verifies."""
+        text = pod.annotations.get(decision_key(self.resources.memory.split("/", 1)[0]))
+        if not text or self.decision_key is None:
+            return None
+        try:
+            d = verify(text, self.decision_key, pod, now, node=self.node_name or None)
+        except DecisionError as exc:
+            self._notes.append(
+                f"extender decision on {pod.namespace}/{pod.name} rejected "
+                f"({exc.reason}: {exc.message}); placing by the node policy"
+            )
+            return None
+        devices = d.devices_of(container)
+        return devices or None
 
     def _extend(
         self,
@@ -632,9 +673,20 @@ class AllocationEngine:
         kind: ResourceKind,
         available: Sequence[str],
         must_include: Sequence[str],
+        pinned: Sequence[str] | None = None,
     ) -> tuple[DeviceShare, ...]:
+        """Choose the container's device(s). ``pinned``: only these devices (the
+        extender's decision); NoFit when they cannot hold it."""
         req = e.request
         forced = list(dict.fromkeys(u.device for u in parse_unit_ids(must_include)))
+        if pinned:
+            unknown = [p for p in pinned if self._inventory.get(p) is None]
+            if unknown:
+                raise _err("UnknownDevice", f"{e.ref}: decision names unknown devices {unknown}")
+            if req.cores < CORES_PER_DEVICE and len(pinned) != 1:
+                raise _err("SplitAcrossDevices", f"{e.ref}: decision names {len(pinned)} devices")
+            if any(f not in pinned for f in forced):
+                raise _err("DecisionMismatch", f"{e.ref}: reused ids are not on {list(pinned)}")
         usage = self.usage()
         pools = {k: self.ledger.reuse_pool(e, k) for k in ResourceKind}
         # The kubelet will hand this container pooled ids of every kind it requests
@@ -645,7 +697,14 @@ class AllocationEngine:
                 forced = list(dict.fromkeys([*forced, *pool_devs]))
         healthy = [d for d in self._inventory.devices if d.healthy]
         if req.cores >= CORES_PER_DEVICE:
+            if pinned:
+                if len(pinned) != req.cores // CORES_PER_DEVICE:
+                    raise _err("DecisionMismatch", f"{e.ref}: decision names {len(pinned)} "
+                               f"devices for {req.cores} cores")
+                forced = list(dict.fromkeys([*forced, *pinned]))
             return self._decide_exclusive(e, kind, available, forced, usage, healthy)
+        if pinned:
+            forced = [pinned[0]]
         if len(forced) > 1:
             raise _err(
                 "SplitAcrossDevices",

@@ -35,6 +35,7 @@ class EntrySource(StrEnum):
     NODE_AGENT = "node-agent"  # identity resolved at call time
     DEGRADED = "degraded"  # placed without knowing the container (synthetic ref)
     RECONCILED = "reconciled"  # adopted/attributed from PodResources later
+    EXTENDER = "extender"  # device(s) chosen by the scheduler extender (signed decision)
 
 
 class EntryState(StrEnum):
