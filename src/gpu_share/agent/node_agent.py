@@ -439,6 +439,12 @@ class NodeAgent:
                 )
         elif result.notes:
             log.info("allocation notes", extra={"resource": resource, "notes": result.notes})
+            ref = result.entry.ref
+            for note in result.notes:
+                if note.startswith("extender decision") and self._publisher is not None:
+                    self._publisher.event(ref.namespace, ref.pod_name,
+                                          reason="ExtenderDecisionIgnored", message=note,
+                                          warning=True)
         if result.ambiguity:
             self._metrics.ambiguous()
 
