@@ -16,3 +16,7 @@ cluster-up:
 
 cluster-down:
 	bash hack/local-up-cluster.sh down
+
+# Issue #7: gpu-share vs the Go sample device plugin on the local kubelet (docs/performance.md).
+bench:
+	bash bench/run-agent-bench.sh

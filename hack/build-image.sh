@@ -5,6 +5,8 @@
 #   hack/build-image.sh            build (if the sources changed) + import (if the cluster runs)
 #   hack/build-image.sh --no-import    only build/cache the image tar
 #   hack/build-image.sh --print-tar    print the path of the cached image tar (no build)
+#   hack/build-image.sh --import-tar TAR   import that (already built) tar only
+# The path of the image tar is printed on stdout (progress goes to stderr).
 #
 # How (no registry is reachable, no Docker daemon):
 #   1. base image: `debootstrap --variant=minbase bookworm` + python3, python3-pip,
@@ -191,8 +193,9 @@ main() {
   case "${1:-}" in
     --no-import) do_import=0 ;;
     --print-tar) echo "${IMAGES_DIR}/gpu-share-$(source_hash).tar"; return 0 ;;
+    --import-tar) import_image "${2:?usage: $0 --import-tar TAR}"; echo "$2"; return 0 ;;
     "") ;;
-    *) sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    *) sed -n '2,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2 ;;
   esac
   mkdir -p "${IMAGES_DIR}"
   local start=$SECONDS hash tar
@@ -205,8 +208,9 @@ main() {
     log "building ${IMAGE} (sources ${hash}, base ${BASE_IMAGE})"
     build_image "${tar}"
   fi
-  ((do_import)) && import_image "${tar}"
+  if ((do_import)); then import_image "${tar}"; fi
   log "done in $((SECONDS - start))s"
+  echo "${tar}"
 }
 
 main "$@"

@@ -115,7 +115,8 @@ class Cluster:
         from kubernetes import client, config
 
         self.env = env
-        self.api = client.CoreV1Api(config.new_client_from_config(env.kubeconfig))
+        api_client = config.new_client_from_config(env.kubeconfig)  # type: ignore[no-untyped-call]
+        self.api = client.CoreV1Api(api_client)
         self._ssl = ssl.create_default_context(cafile=env.ca)
         self._ssl.load_cert_chain(env.cert, env.key)
 
@@ -125,11 +126,12 @@ class Cluster:
 
     def allocatable(self, resource: str) -> int:
         node = self.api.read_node(self.env.node)
-        return int((node.status.allocatable or {}).get(resource, "0"))
+        status = node.status
+        return int(((status.allocatable if status else None) or {}).get(resource, "0"))
 
     def ensure_namespace(self) -> None:
         from kubernetes import client
-        from kubernetes.client.rest import ApiException
+        from kubernetes.client import ApiException
 
         try:
             self.api.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NS)))
@@ -141,7 +143,7 @@ class Cluster:
         for i in range(n):
             self.api.create_namespaced_pod(
                 NS,
-                {
+                {  # type: ignore[arg-type]  # the client accepts a plain manifest
                     "apiVersion": "v1",
                     "kind": "Pod",
                     "metadata": {"name": f"{prefix}-{i}", "labels": {"app": "gpu-share-bench"}},
@@ -162,7 +164,9 @@ class Cluster:
             )
 
     def pod_phases(self) -> list[str]:
-        return [p.status.phase for p in self.api.list_namespaced_pod(NS).items]
+        return [
+            str(p.status.phase) if p.status else "" for p in self.api.list_namespaced_pod(NS).items
+        ]
 
     def delete_pods(self, timeout_s: float = 120) -> bool:
         self.api.delete_collection_namespaced_pod(NS, grace_period_seconds=0)
@@ -245,7 +249,13 @@ class RoundResult:
 
 
 def run_round(
-    s: Subject, cluster: Cluster, n_pods: int, allocations: int, idx: int, log_dir: Path
+    s: Subject,
+    cluster: Cluster,
+    n_pods: int,
+    allocations: int,
+    idx: int,
+    log_dir: Path,
+    profile: bool = False,
 ) -> RoundResult:
     env = cluster.env
     res = RoundResult(s.name)
@@ -279,6 +289,25 @@ def run_round(
         f["allocatable_s"] = time.time() - t0 if ok else None
         time.sleep(1.0)  # let start-up settle before reading RSS
         f["rss_registered_mib"] = rss_mib(proc.pid)
+        spy = None
+        if profile and s.metrics_port:
+            # Sampling profile of the agent from here on (raw collapsed stacks).
+            spy = subprocess.Popen(
+                [
+                    "py-spy",
+                    "record",
+                    "--pid",
+                    str(proc.pid),
+                    "-r",
+                    "100",
+                    "--format",
+                    "raw",
+                    "-o",
+                    str(log_dir / f"{s.name}-{idx}.pyspy.txt"),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
 
         # Admission of N pods.
         k_before = cluster.kubelet_metrics()
@@ -331,6 +360,9 @@ def run_round(
             f["health_push_s"] = time.time() - t2 if ok else None
             write_faults(s.fault_file, [])
             wait_for(lambda: cluster.allocatable(s.resource) == s.units, 30, 0.1)
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(30)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -431,6 +463,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--devices", type=int, default=4, help="dummy devices x 16 GiB (1 GiB units)")
     p.add_argument("--metrics-port", type=int, default=19491)
     p.add_argument("--json", type=Path)
+    p.add_argument("--only", choices=["gpu-share", "sample"], help="measure one subject")
+    p.add_argument("--profile", action="store_true", help="py-spy the agent (figures skewed)")
     ns = p.parse_args(argv)
     env = Env.from_environ()
     others = subprocess.run(
@@ -450,8 +484,10 @@ def main(argv: list[str] | None = None) -> int:
     results: list[RoundResult] = []
     for i in range(ns.rounds):
         for s in subjects(env, ns.peer, work / f"r{i}", ns.devices, ns.metrics_port):
+            if ns.only and s.name != ns.only:
+                continue
             print(f"round {i + 1}/{ns.rounds}: {s.name} ...", file=sys.stderr, flush=True)
-            r = run_round(s, cluster, ns.pods, ns.allocations, i, logs)
+            r = run_round(s, cluster, ns.pods, ns.allocations, i, logs, ns.profile)
             print(f"  {json.dumps(r.figures)} {r.notes}", file=sys.stderr, flush=True)
             results.append(r)
     with contextlib.suppress(Exception):

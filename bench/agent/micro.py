@@ -297,7 +297,12 @@ def render(result: dict[str, object]) -> str:
             lines.append(
                 f"{phase:<22} {label:<48} {f['n']:>5} {f['p50'] * 1e3:8.2f} {f['p99'] * 1e3:8.2f}"
             )
-    lines.append(f"errors: {result.get('error_count')} {result.get('errors') or ''}")
+    errors = result.get("errors") or []
+    assert isinstance(errors, list)
+    lines.append(
+        f"failed calls: {result.get('error_count')} (concurrent phase: see docs/performance.md)"
+    )
+    lines += [f"  e.g. {e[:160]}" for e in errors[:3]]
     sizes = result.get("listandwatch_bytes")
     assert isinstance(sizes, dict)
     for unit, per_resource in sizes.items():

@@ -312,7 +312,10 @@ def kubelet_devices(socket: str) -> dict[tuple[str, str, str], dict[str, tuple[s
     for p in view.pods:
         for c in p.containers:
             if c.devices:
-                out[(p.namespace, p.name, c.name)] = dict(c.devices)
+                # Sorted: the kubelet answers in no particular order.
+                out[(p.namespace, p.name, c.name)] = {
+                    r: tuple(sorted(ids)) for r, ids in c.devices.items()
+                }
     return out
 
 
@@ -325,6 +328,8 @@ class Audit:
     placement: dict[tuple[str, str, str], set[str]]
     mem_used: dict[str, int]
     cores_used: dict[str, int]
+    # devices some container holds exclusively (per the assignment annotations)
+    exclusive: set[str] = field(default_factory=set)
 
 
 def audit(kube: Kube) -> Audit:
@@ -392,13 +397,48 @@ def audit(kube: Kube) -> Audit:
             )
     mem_used = {d: len(ids) for d, ids in mem_ids.items()}
     cores_used = {d: len(ids) for d, ids in core_ids.items()}
+    # Finished classic init containers are not in PodResources, but the kubelet keeps their
+    # ids allocated (for reuse by later containers) until the pod ends: count them from the
+    # annotation the way the kubelet sizes a pod, max(largest init, sum of the others).
+    for (ns, name), p in pods.items():
+        if p["status"].get("phase") not in ("Pending", "Running"):
+            continue
+        ann = assignment(p)
+        inits = [
+            c["name"]
+            for c in p["spec"].get("initContainers", [])
+            if c.get("restartPolicy") != "Always"
+        ]
+        for cname in inits:
+            for d in ann.get(cname, {}).get("devices", []):
+                uid = d["id"]
+                mine_mem = len(
+                    {
+                        i
+                        for (n2, p2, c2), res in held.items()
+                        if (n2, p2) == (ns, name)
+                        for i in res.get(MEM, ())
+                        if device_of(i) == uid
+                    }
+                )
+                mine_cores = len(
+                    {
+                        i
+                        for (n2, p2, c2), res in held.items()
+                        if (n2, p2) == (ns, name)
+                        for i in res.get(CORE, ())
+                        if device_of(i) == uid
+                    }
+                )
+                mem_used[uid] = mem_used.get(uid, 0) + max(0, int(d["memoryUnits"]) - mine_mem)
+                cores_used[uid] = cores_used.get(uid, 0) + max(0, int(d["cores"]) - mine_cores)
     for d, n in mem_used.items():
         if n > UNITS_PER_DEVICE:
             bad.append(f"device {d}: {n} memory units handed out > {UNITS_PER_DEVICE}")
     for d, n in cores_used.items():
         if n > 100:
             bad.append(f"device {d}: {n} cores handed out > 100")
-    return Audit(bad, placement, mem_used, cores_used)
+    return Audit(bad, placement, mem_used, cores_used, set(exclusive))
 
 
 def inventory_matches(kube: Kube, a: Audit) -> list[str]:
@@ -409,7 +449,7 @@ def inventory_matches(kube: Kube, a: Audit) -> list[str]:
     for d in inv.get("devices", []):
         uid = d["id"]
         mem, cores = a.mem_used.get(uid, 0), a.cores_used.get(uid, 0)
-        if cores >= 100:  # exclusive (cores == 100 or part of a > 100 request)
+        if uid in a.exclusive:  # exclusive devices count as fully used
             mem = d["memoryUnits"]["total"]
         if d["memoryUnits"]["used"] != mem or d["cores"]["used"] != cores:
             out.append(

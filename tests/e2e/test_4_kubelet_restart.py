@@ -79,11 +79,22 @@ def test_story4_kubelet_restart_plugin_reregisters_slices_kept(agent: Kube, name
     sys.stderr.write(f"\nstory 4: re-registered {took:.1f}s after the kubelet came back\n")
     assert took < 30
 
-    after = {
-        k: v
-        for k, v in kubelet_devices(agent.env["POD_RESOURCES_SOCKET"]).items()
-        if k[0] == namespace
-    }
+    # The new kubelet lists a running pod in PodResources once it has synced it again.
+    after = wait_until(
+        "the new kubelet lists the running pods",
+        lambda: (
+            (
+                a := {
+                    k: v
+                    for k, v in kubelet_devices(agent.env["POD_RESOURCES_SOCKET"]).items()
+                    if k[0] == namespace
+                }
+            )
+            and len(a) == len(before)
+            and a
+        ),
+        90,
+    )
     assert after == before, "running pods' device ids changed across the kubelet restart"
     for p in agent.pods(namespace):
         assert p["metadata"]["uid"] == uids[p["metadata"]["name"]]

@@ -152,6 +152,7 @@ class NodeAgent:
         self._pod_cache: dict[tuple[str, str], PodView] = {}
         self._devices: dict[str, Device] = {}
         self._stop = threading.Event()
+        self._inventory_dirty = threading.Event()
         self._threads: list[threading.Thread] = []
         self.engine: AllocationEngine | None = None
         self._annotation_prefix = f"gpu-share.{cfg.resources.domain}"
@@ -192,13 +193,16 @@ class NodeAgent:
             "devices discovered",
             extra={"devices": [d.uuid for d in devices], "backend": self.backend.name},
         )
-        self.reconcile()
+        # Before serving: adopt every slice the kubelet knows (PodResources alone is enough
+        # to never give one twice); the API server's view follows in the background.
+        self.reconcile(use_api=False)
         if self._publisher is not None:
             self._publisher.start()
             self._publisher.node_changed()
         self._report_devices()
         self._spawn("health", self._health_loop)
         self._spawn("reconcile", self._reconcile_loop)
+        self._spawn("refresh", self._refresh_loop)
 
     def stop(self) -> None:
         self._stop.set()
@@ -251,8 +255,15 @@ class NodeAgent:
         t0 = time.perf_counter()
         try:
             with self._lock:
-                ctx = self._context()
-                result = self._engine().allocate(kind, ids, ctx)
+                engine = self._engine()
+                # The usual case: these ids are what we offered a moment ago; no need to
+                # ask the kubelet and the API server again.
+                ctx = (
+                    CallContext(pr=None, pods=None, now=self._clock())
+                    if engine.has_offer(kind, ids)
+                    else self._context()
+                )
+                result = engine.allocate(kind, ids, ctx)
                 self._persist()
                 spec = self._spec_for(result.entry)
             self._after_call(resource, result)
@@ -269,25 +280,29 @@ class NodeAgent:
 
     # ---- reconciliation, health ------------------------------------------------------------
 
-    def reconcile(self) -> None:
-        """Bring the ledger in line with the kubelet and the API server."""
-        pr = self._list_pod_resources()
-        if pr is None:
-            log.warning("reconcile skipped: PodResources unreachable")
-            return
+    def reconcile(self, *, use_api: bool = True) -> None:
+        """Bring the ledger in line with the kubelet and (``use_api``) the API server."""
         listed: list[PodView] | None = None
-        if self._pods is not None and self.cfg.node_name:
+        listed_at = self._clock()
+        if use_api and self._pods is not None and self.cfg.node_name:
             try:
                 listed = self._pods.list_node_pods(self.cfg.node_name)
             except KubeAccessError as exc:
                 self._metrics.kube_error("list_node_pods")
                 log.warning("reconcile without pod specs: %s", exc)
         with self._lock:
+            # PodResources under the lock: a pod admitted meanwhile must be in it.
+            pr = self._list_pod_resources()
+            if pr is None:
+                log.warning("reconcile skipped: PodResources unreachable")
+                return
             engine = self._engine()
             pods: dict[tuple[str, str], PodView | None] | None = None
             if listed is not None:
-                # The list is complete for this node: a ledger pod missing from it is gone.
-                pods = {e.pod_key: None for e in engine.ledger.entries}
+                # The list is complete for this node as of listed_at: a pod we held before
+                # then and that is missing from it is gone. Younger entries are not judged.
+                pods = {e.pod_key: None for e in engine.ledger.entries
+                        if e.created_at < listed_at}
                 pods.update({(p.namespace, p.name): p for p in listed})
             result = engine.reconcile(pr, pods, self._clock())
             if result.changed:
@@ -298,7 +313,8 @@ class NodeAgent:
         if result.changed:
             log.info(
                 "ledger reconciled",
-                extra={"released": result.released, "adopted": result.adopted},
+                extra={"released": [str(r) for r in result.released],
+                       "adopted": [str(r) for r in result.adopted]},
             )
             self.feed_inventory_changed()
 
@@ -327,9 +343,19 @@ class NodeAgent:
         self.feed_inventory_changed()
 
     def feed_inventory_changed(self) -> None:
-        self._report_devices()
-        if self._publisher is not None:
-            self._publisher.node_changed()
+        """Usage or health changed: refresh metrics and the node annotation, coalesced in
+        the background (off the kubelet's call path)."""
+        self._inventory_dirty.set()
+
+    def _refresh_loop(self) -> None:
+        while not self._stop.is_set():
+            if not self._inventory_dirty.wait(0.5):
+                continue
+            self._inventory_dirty.clear()
+            self._report_devices()
+            if self._publisher is not None:
+                self._publisher.node_changed()
+            self._stop.wait(0.2)  # at most a few refreshes a second under load
 
     # ---- internals ---------------------------------------------------------------------
 
@@ -358,7 +384,9 @@ class NodeAgent:
                 self.on_health(events)
 
     def _reconcile_loop(self) -> None:
-        while not self._stop.wait(RECONCILE_INTERVAL_S):
+        wait = 0.0  # the first full reconcile right after start
+        while not self._stop.wait(wait):
+            wait = RECONCILE_INTERVAL_S
             try:
                 self.reconcile()
             except GpuShareError as exc:

@@ -10,7 +10,7 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import FrameType
 
 from gpu_share.agent.node_agent import AgentMetrics, DeviceRow, NodeAgent
@@ -27,7 +27,7 @@ from gpu_share.plugin.manager import PluginManager
 from gpu_share.plugin.podresources import PodResourcesClient
 from gpu_share.plugin.sizeguard import UnitGroup, check_unit_lists
 from gpu_share.sharing.ids import unit_id
-from gpu_share.sharing.model import ResourceKind
+from gpu_share.sharing.model import PodView, ResourceKind
 
 log = logging.getLogger("gpu_share.plugin_main")
 
@@ -65,33 +65,94 @@ class PrometheusAgentMetrics(AgentMetrics):
                 self.m.set_device_units(row.device, resource, used, total - used)
 
 
-def _kube_clients(cfg: AgentConfig, metrics: Metrics) -> tuple[PodSource | None, Publisher | None]:
-    """API server access, or (None, None) to run standalone."""
-    wants_api = cfg.identity.use_api_server or any(
-        (cfg.publish.node_annotation, cfg.publish.pod_annotation, cfg.publish.events)
-    )
-    if not wants_api:
-        return None, None
-    # Imported lazily: standalone runs never load the kubernetes client.
-    from gpu_share.kube.client import make_api_client
-    from gpu_share.kube.pods import KubePodSource
-    from gpu_share.kube.publish import KubePublisher
+class _LazyKube:
+    """PodSource + Publisher whose real clients are built in a background thread.
 
-    try:
-        api = make_api_client()
-    except KubeAccessError as exc:
-        log.warning(
-            "no API server configured; running standalone (identity from PodResources, no"
-            " annotations or Events): %s", exc,
-        )
+    Importing the generated Kubernetes client costs most of a second and ~15 MiB; doing it
+    off the start path lets the plugin register with the kubelet first. Calls made before
+    the clients exist wait for them (bounded); when no API server is configured, they act
+    as absent (identity from PodResources, no annotations or Events).
+    """
+
+    def __init__(self, cfg: AgentConfig, metrics: Metrics) -> None:
+        self._cfg = cfg
+        self._metrics = metrics
+        self._ready = threading.Event()
+        self.pods: PodSource | None = None
+        self.publisher: Publisher | None = None
+        threading.Thread(target=self._build, name="kube-init", daemon=True).start()
+
+    def _build(self) -> None:
+        try:
+            from gpu_share.kube.client import make_api_client
+            from gpu_share.kube.pods import KubePodSource
+            from gpu_share.kube.publish import KubePublisher
+
+            try:
+                api = make_api_client()
+            except KubeAccessError as exc:
+                log.warning(
+                    "no API server configured; running standalone (identity from"
+                    " PodResources, no annotations or Events): %s", exc,
+                )
+                return
+            if self._cfg.identity.use_api_server:
+                self.pods = KubePodSource.from_config(api, self._cfg.resources)
+            self.publisher = KubePublisher(
+                api,
+                host_node=self._cfg.node_name,
+                on_error=lambda kind, _exc: self._metrics.kube_errors_total.labels(
+                    op=kind).inc(),
+            )
+        finally:
+            self._ready.set()
+
+    def _pods(self) -> PodSource:
+        self._ready.wait(30.0)
+        if self.pods is None:
+            raise KubeAccessError("API server client unavailable")
+        return self.pods
+
+    def _pub(self) -> Publisher | None:
+        self._ready.wait(30.0)
+        return self.publisher
+
+    # PodSource
+    def get_pod(self, namespace: str, name: str) -> PodView | None:
+        return self._pods().get_pod(namespace, name)
+
+    def list_node_pods(self, node_name: str) -> list[PodView]:
+        return self._pods().list_node_pods(node_name)
+
+    # Publisher (the agent publishes from a background thread; waiting there is fine)
+    def annotate_node(self, node_name: str, annotations: Mapping[str, str | None]) -> None:
+        if (p := self._pub()) is not None:
+            p.annotate_node(node_name, annotations)
+
+    def annotate_pod(
+        self, namespace: str, name: str, annotations: Mapping[str, str | None]
+    ) -> None:
+        if (p := self._pub()) is not None:
+            p.annotate_pod(namespace, name, annotations)
+
+    def pod_event(
+        self, namespace: str, name: str, *, reason: str, message: str, warning: bool
+    ) -> None:
+        if (p := self._pub()) is not None:
+            p.pod_event(namespace, name, reason=reason, message=message, warning=warning)
+
+    def node_event(self, node_name: str, *, reason: str, message: str, warning: bool) -> None:
+        if (p := self._pub()) is not None:
+            p.node_event(node_name, reason=reason, message=message, warning=warning)
+
+
+def _kube_clients(cfg: AgentConfig, metrics: Metrics) -> tuple[PodSource | None, Publisher | None]:
+    """API server access (built in the background), or (None, None) when not wanted."""
+    publishes = any((cfg.publish.node_annotation, cfg.publish.pod_annotation, cfg.publish.events))
+    if not (cfg.identity.use_api_server or publishes):
         return None, None
-    pods = KubePodSource.from_config(api, cfg.resources) if cfg.identity.use_api_server else None
-    publisher = KubePublisher(
-        api,
-        host_node=cfg.node_name,
-        on_error=lambda kind, _exc: metrics.kube_errors_total.labels(op=kind).inc(),
-    )
-    return pods, publisher
+    lazy = _LazyKube(cfg, metrics)
+    return (lazy if cfg.identity.use_api_server else None), (lazy if publishes else None)
 
 
 def _guard_sizes(cfg: AgentConfig, devices: Sequence[Device]) -> None:

@@ -73,16 +73,19 @@ class Extender:
         self._policy_factory = policy_factory
         self._clock = clock
         self._lock = threading.Lock()  # binds decide and reserve one at a time
+        # Requests of pods seen in filter/prioritize, for bind (which names only the pod).
         self._seen: OrderedDict[str, dict[str, ContainerRequest]] = OrderedDict()
+        self._seen_lock = threading.Lock()
 
     def _remember(self, pod: Mapping[str, Any]) -> dict[str, ContainerRequest]:
         reqs = pod_requests(pod, self.settings.resources)
         uid = str((pod.get("metadata") or {}).get("uid", ""))
         if uid:
-            self._seen[uid] = reqs
-            self._seen.move_to_end(uid)
-            while len(self._seen) > 4096:
-                self._seen.popitem(last=False)
+            with self._seen_lock:
+                self._seen[uid] = reqs
+                self._seen.move_to_end(uid)
+                while len(self._seen) > 4096:
+                    self._seen.popitem(last=False)
         return reqs
 
     @staticmethod
@@ -162,7 +165,8 @@ class Extender:
     def bind(self, args: Mapping[str, Any]) -> dict[str, Any]:
         ns, name = str(args.get("PodNamespace", "")), str(args.get("PodName", ""))
         uid, node = str(args.get("PodUID", "")), str(args.get("Node", ""))
-        reqs = self._seen.get(uid)
+        with self._seen_lock:
+            reqs = self._seen.get(uid)
         if reqs is None:
             pod = self.view.pod(ns, name)
             if pod is None:

@@ -306,6 +306,16 @@ class AllocationEngine:
         return Preferred(ids, entry, entry.source, tuple(notes), ambiguity)
 
     # ------------------------------------------------------------------ Allocate
+    def has_offer(self, kind: ResourceKind, ids: Sequence[str]) -> bool:
+        """True when ``ids`` are exactly what our last GetPreferredAllocation offered an
+        entry: ``allocate`` then needs no PodResources/API facts (the agent skips them)."""
+        idset = set(ids)
+        return any(
+            not e.allocated(kind) and set(e.offered(kind)) == idset
+            for e in self.ledger.entries
+            if e.offered(kind)
+        )
+
     def allocate(self, kind: ResourceKind, ids: Sequence[str], ctx: CallContext) -> Allocation:
         if not ids:
             raise _err("InvalidRequest", "Allocate named no device ids")
