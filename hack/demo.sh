@@ -1,47 +1,77 @@
 #!/usr/bin/env bash
-# The demo (README "Demo"): a real local Kubernetes, the gpu-share agent on the dummy
-# backend registered with its kubelet, and a few pods asking for device slices. Prints
-# which container got which slice, as the agent recorded it and as the container saw it.
+# The demo (README "Demo"): a real local Kubernetes, the gpu-share image built without
+# Docker, the Helm chart installed with the dummy backend (4 fake 16 GiB devices), and a
+# few pods asking for device slices. Prints which container got which slice, as the agent
+# recorded it (`gpu-share slices`, run in the agent pod) and as the container saw it.
 #
-#   hack/demo.sh            run the demo (first run builds Kubernetes: see docs/local-cluster.md)
-#   hack/demo.sh clean      delete the demo pods and stop the agent (cluster stays up)
+#   hack/demo.sh            run the demo (first run builds Kubernetes and the image:
+#                           see docs/local-cluster.md and docs/e2e.md)
+#   hack/demo.sh clean      delete the demo pods and uninstall the chart (cluster stays up)
+#
+# The local cluster is shared: every use of it holds /tmp/gpu-share-cluster.lock
+# (GPU_SHARE_CLUSTER_LOCK); the demo leaves no agent running when it releases it, so the
+# chart is uninstalled at the end unless GPU_SHARE_DEMO_KEEP=1 (then `hack/demo.sh clean`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . hack/lib/venv.sh
 
 NS=gpu-share-demo
-RUN_DIR=${GPU_SHARE_DEMO_DIR:-/var/lib/gpu-share-cluster/demo}
+AGENT_NS=gpu-share
+RELEASE=gpu-share
+LOCK=${GPU_SHARE_CLUSTER_LOCK:-/tmp/gpu-share-cluster.lock}
+VALUES=(-f values-examples/dummy-npu.yaml -f values-examples/local-cluster.yaml)
 
-stop_agent() {
-  if [[ -f "$RUN_DIR/agent.pid" ]]; then
-    local pid
-    pid=$(cat "$RUN_DIR/agent.pid")
-    kill "$pid" 2>/dev/null || true
-    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-    rm -f "$RUN_DIR/agent.pid"
-  fi
-}
+step() { echo; echo "== $*"; }
 
 ensure_venv
+HELM=$(bash hack/install-tools.sh | sed -n 's/^helm3=//p')
+[[ -x "$HELM" ]] || { echo "helm 3 not found (hack/install-tools.sh)"; exit 1; }
+
+uninstall() {
+  if "$HELM" status "$RELEASE" -n "$AGENT_NS" >/dev/null 2>&1; then
+    "$HELM" uninstall "$RELEASE" -n "$AGENT_NS" --wait --timeout 120s >/dev/null
+  fi
+  kubectl -n "$AGENT_NS" wait --for=delete pod -l app.kubernetes.io/component=agent \
+    --timeout=120s >/dev/null 2>&1 || true
+}
+
+if [[ "${1:-}" != clean ]]; then
+  # Build before taking the lock: it does not need the cluster.
+  step "building the gpu-share image (hack/build-image.sh: buildah, no Docker; cached)"
+  TAR=$(bash hack/build-image.sh --no-import | tail -n 1)
+fi
+
+exec 9>"$LOCK"
+if ! flock -n 9; then
+  echo "== waiting for the local cluster ($LOCK is held by another user)"
+  flock 9
+fi
+
+step "local cluster (hack/local-up-cluster.sh up; the first run builds Kubernetes)"
 bash hack/local-up-cluster.sh up
 eval "$(bash hack/local-up-cluster.sh env)"
 
 if [[ "${1:-}" == clean ]]; then
   kubectl delete namespace "$NS" --ignore-not-found --wait=false
-  stop_agent
+  uninstall
   exit 0
 fi
 
-echo "== starting gpu-share-plugin (dummy backend: 2 devices x 16 GiB) on node $NODE_NAME"
-stop_agent
-mkdir -p "$RUN_DIR"
-GPU_SHARE_DUMMY__DEVICE_COUNT=2 GPU_SHARE_DUMMY__MEMORY_MIB=16384 \
-GPU_SHARE_DUMMY__FAULT_FILE="$RUN_DIR/faults.json" \
-  nohup gpu-share-plugin --backend dummy --node-name "$NODE_NAME" \
-    --device-plugin-dir "$DEVICE_PLUGIN_DIR" --pod-resources-socket "$POD_RESOURCES_SOCKET" \
-    --state-dir "$RUN_DIR/state" --metrics-port 19400 --log-format text \
-    >"$RUN_DIR/agent.log" 2>&1 &
-echo $! >"$RUN_DIR/agent.pid"
+bash hack/build-image.sh --import-tar "$TAR" >/dev/null
+
+step "helm install $RELEASE charts/gpu-share ${VALUES[*]}"
+kubectl create namespace "$AGENT_NS" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+kubectl label namespace "$AGENT_NS" --overwrite pod-security.kubernetes.io/enforce=privileged >/dev/null
+"$HELM" upgrade --install "$RELEASE" charts/gpu-share -n "$AGENT_NS" "${VALUES[@]}" \
+  --wait --timeout 180s >/dev/null
+if [[ "${GPU_SHARE_DEMO_KEEP:-0}" != 1 ]]; then
+  trap 'echo; echo "== helm uninstall (GPU_SHARE_DEMO_KEEP=1 keeps the agent)"; kubectl delete namespace "$NS" --ignore-not-found --wait=false >/dev/null; uninstall' EXIT
+fi
+AGENT=$(kubectl -n "$AGENT_NS" get pods -l app.kubernetes.io/component=agent \
+  -o jsonpath='{.items[0].metadata.name}')
+echo "agent pod $AGENT_NS/$AGENT (ServiceAccount $(kubectl -n "$AGENT_NS" get pod "$AGENT" \
+  -o jsonpath='{.spec.serviceAccountName}'), image $(kubectl -n "$AGENT_NS" get pod "$AGENT" \
+  -o jsonpath='{.spec.containers[0].image}'))"
 
 for _ in $(seq 1 60); do
   mem=$(kubectl get node "$NODE_NAME" -o jsonpath='{.status.allocatable.vendor\.com/vcuda-memory}')
@@ -50,10 +80,10 @@ for _ in $(seq 1 60); do
 done
 echo "node $NODE_NAME allocatable: vendor.com/vcuda-memory=$mem vendor.com/vcuda-core=$(
   kubectl get node "$NODE_NAME" -o jsonpath='{.status.allocatable.vendor\.com/vcuda-core}')"
-[[ -n "$mem" && "$mem" != 0 ]] || { echo "agent did not register; log: $RUN_DIR/agent.log"; tail -20 "$RUN_DIR/agent.log"; exit 1; }
+[[ -n "$mem" && "$mem" != 0 ]] || { echo "agent did not register:"; kubectl -n "$AGENT_NS" logs "$AGENT" | tail -20; exit 1; }
 
 kubectl delete namespace "$NS" --ignore-not-found --wait=true >/dev/null
-kubectl create namespace "$NS" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+kubectl create namespace "$NS" >/dev/null
 pod() {  # name memory cores
   local cores=""
   [[ "$3" != 0 ]] && cores="vendor.com/vcuda-core: $3"
@@ -76,23 +106,23 @@ spec:
 ---
 EOF
 }
-echo "== creating pods"
+step "creating pods (vendor.com/vcuda-memory: 4, some with vendor.com/vcuda-core)"
 { pod train-a 4 30; pod train-b 4 30; pod infer-c 4 0; pod infer-d 4 50; pod infer-e 4 0; } \
   | kubectl apply -f -
 kubectl -n "$NS" wait --for=condition=Ready pod --all --timeout=120s
 
-echo
-echo "== slices recorded by the agent (pod annotation gpu-share.vendor.com/assignment)"
+step "slices recorded by the agent (kubectl exec $AGENT -- gpu-share slices --node $NODE_NAME)"
 for _ in $(seq 1 20); do
-  out=$(gpu-share slices --node "$NODE_NAME" --kubeconfig "$KUBECONFIG")
+  out=$(kubectl -n "$AGENT_NS" exec "$AGENT" -c agent -- gpu-share slices --node "$NODE_NAME")
   [[ $(grep -c "^$NS/" <<<"$out") -ge 5 ]] && break
   sleep 0.5
 done
 echo "$out"
-echo
-echo "== what each container saw (its own environment)"
+step "what each container saw (its own environment)"
 for p in $(kubectl -n "$NS" get pods -o jsonpath='{.items[*].metadata.name}'); do
   printf '%-10s %s\n' "$p" "$(kubectl -n "$NS" logs "$p" | head -1)"
 done
 echo
-echo "Clean up: hack/demo.sh clean   (cluster: hack/local-up-cluster.sh down)"
+if [[ "${GPU_SHARE_DEMO_KEEP:-0}" == 1 ]]; then
+  echo "Clean up: hack/demo.sh clean   (cluster: hack/local-up-cluster.sh down)"
+fi

@@ -16,7 +16,7 @@ from tests.e2e.support import (
     pod,
 )
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 
 def _sidecar(name: str, memory: int, cores: int) -> dict[str, Any]:

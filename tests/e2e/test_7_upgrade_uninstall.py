@@ -21,7 +21,7 @@ from tests.e2e.support import (
     wait_until,
 )
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 SOCKETS = ("gpu-share-vcuda-memory.sock", "gpu-share-vcuda-core.sock")
 

@@ -73,15 +73,19 @@ class KubeClusterView:
             if inv is None:
                 return None
             totals = {d.id: (d.memory_total, d.cores_total) for d in inv.devices}
-            usages = [
-                pod_usage((p.get("metadata") or {}).get("annotations") or {}, self._domain, totals)
-                for p in self._pods.values()
-                if (p.get("spec") or {}).get("nodeName") == name
-            ]
+            usages = []
+            counted = set()
+            for uid, p in self._pods.items():
+                if (p.get("spec") or {}).get("nodeName") == name:
+                    ann = (p.get("metadata") or {}).get("annotations") or {}
+                    usages.append(pod_usage(ann, self._domain, totals))
+                    counted.add(uid)
+            # A bind's reservation counts until the watch shows the pod bound here (the
+            # annotated-but-unbound pod, seen between patch and binding, counts nowhere).
             for uid, (n, u, at) in list(self._pending.items()):
                 if now - at > PENDING_TTL_S:
                     del self._pending[uid]
-                elif n == name:
+                elif n == name and uid not in counted:
                     usages.append(u)
             return node_slots(inv, usages)
 
@@ -101,7 +105,9 @@ class KubeClusterView:
 
     def reserve(self, pod_uid: str, node: str, shares: Mapping[str, tuple[int, int]]) -> None:
         with self._lock:
-            if pod_uid not in self._pods or not self._has_own_annotation(self._pods[pod_uid]):
+            p = self._pods.get(pod_uid)
+            bound = p is not None and (p.get("spec") or {}).get("nodeName") == node
+            if not (bound and self._has_own_annotation(p or {})):
                 self._pending[pod_uid] = (node, dict(shares), self._clock())
 
     def pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
