@@ -7,6 +7,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
+
+from gpu_share.config.model import AgentConfig
 
 from .conftest import (
     CHART,
@@ -114,3 +117,21 @@ def test_service_monitor_only_when_enabled() -> None:
     for svc in by_kind(objs, "Service"):
         assert selector.items() <= svc["metadata"]["labels"].items()
     assert RELEASE in monitor["metadata"]["name"]
+
+
+
+def test_scheduler_enabled_mounts_the_decision_key_into_the_agent(helm: str) -> None:
+    """The agent follows the extender only with the key: mounted and named in config."""
+    docs = render(helm, ["values-examples/dummy-npu.yaml"], ["scheduler.enabled=true"])
+    ds = next(d for d in docs if d["kind"] == "DaemonSet")
+    spec = ds["spec"]["template"]["spec"]
+    mounts = {m["name"]: m for m in spec["containers"][0]["volumeMounts"]}
+    vols = {v["name"]: v for v in spec["volumes"]}
+    assert mounts["decision-key"]["mountPath"] == "/etc/gpu-share-decision"
+    assert vols["decision-key"]["secret"]["secretName"].endswith("-decision-key")
+    cms = [d for d in docs if d["kind"] == "ConfigMap"
+           and d["metadata"]["labels"].get("app.kubernetes.io/component") == "agent"]
+    assert cms
+    for cm in cms:
+        cfg = AgentConfig.model_validate(yaml.safe_load(cm["data"]["config.yaml"]))
+        assert cfg.placement.decision_key_file == "/etc/gpu-share-decision/key"

@@ -116,6 +116,13 @@ pool's overrides, plus what the chart owns (version, host paths). */}}
 {{- $_ = set $dummy "faultFile" (printf "%s/dummy-faults.json" $paths.stateDir) -}}
 {{- end -}}
 {{- $_ = set $cfg "dummy" $dummy -}}
+{{- if $root.Values.scheduler.enabled -}}
+{{- $placement := $cfg.placement | default dict -}}
+{{- if not $placement.decisionKeyFile -}}
+{{- $_ = set $placement "decisionKeyFile" (printf "%s/key" $root.Values.scheduler.decisionKey.mountPath) -}}
+{{- end -}}
+{{- $_ = set $cfg "placement" $placement -}}
+{{- end -}}
 {{- toJson $cfg -}}
 {{- end -}}
 

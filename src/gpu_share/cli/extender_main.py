@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--memory-name", default=env("GPU_SHARE_MEMORY_NAME", "vcuda-memory"))
     ap.add_argument("--core-name", default=env("GPU_SHARE_CORE_NAME", "vcuda-core"))
     ap.add_argument(
-        "--key-file", default=env("GPU_SHARE_DECISION_KEY_FILE", "/etc/gpu-share/decision/key")
+        "--key-file", default=env("GPU_SHARE_DECISION_KEY_FILE", "/etc/gpu-share-decision/key")
     )
     ap.add_argument(
         "--policy",
