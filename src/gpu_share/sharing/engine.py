@@ -282,19 +282,9 @@ class AllocationEngine:
         self._notes = []
         notes = self._release_stale(kind, sorted(set(avail) - set(must_include)), None)
         match, reason = self._identify(kind, size, must_include, ctx)
-        if match is None:
-            entry = self._degraded_entry(kind, size, avail, must_include, ctx.now, reason)
-            notes.append(f"degraded: {reason}")
-            ambiguity = 0
-        else:
-            try:
-                entry = self._entry_for(match, kind, avail, must_include, ctx.now)
-            except AllocationError as exc:
-                exc.ref = _ref_of(match)
-                raise
-            ambiguity = match.ambiguity
-            if ambiguity:
-                notes.append(f"ambiguous: {ambiguity} other container(s) qualified")
+        entry, ambiguity = self._resolve(
+            match, reason, kind, size, avail, must_include, ctx.now, notes
+        )
         try:
             ids = self._pick_ids(entry, kind, avail, must_include, size)
         except AllocationError as exc:
@@ -340,18 +330,9 @@ class AllocationEngine:
         )
         if entry is None:
             match, reason = self._identify(kind, len(ids), ids, ctx)
-            if match is None:
-                entry = self._degraded_entry(kind, len(ids), sorted(ids), ids, ctx.now, reason)
-                notes.append(f"degraded: {reason}")
-            else:
-                try:
-                    entry = self._entry_for(match, kind, sorted(ids), ids, ctx.now)
-                except AllocationError as exc:
-                    exc.ref = _ref_of(match)
-                    raise
-                ambiguity = match.ambiguity
-                if ambiguity:
-                    notes.append(f"ambiguous: {ambiguity} other container(s) qualified")
+            entry, ambiguity = self._resolve(
+                match, reason, kind, len(ids), sorted(ids), ids, ctx.now, notes
+            )
         try:
             entry = self._validate_allocate(entry, kind, list(ids), notes)
         except AllocationError as exc:
@@ -608,6 +589,31 @@ class AllocationEngine:
                 )
         shares = self._decide(probe, kind, available, must_include)
         return replace(probe, shares=shares)
+
+    def _resolve(
+        self,
+        match: identity.IdentityMatch | None,
+        reason: str,
+        kind: ResourceKind,
+        size: int,
+        available: Sequence[str],
+        must_include: Sequence[str],
+        now: float,
+        notes: list[str],
+    ) -> tuple[LedgerEntry, int]:
+        """The entry a call works on (the container's decision, or a degraded one) and
+        how many other containers qualified."""
+        if match is None:
+            notes.append(f"degraded: {reason}")
+            return self._degraded_entry(kind, size, available, must_include, now, reason), 0
+        try:
+            entry = self._entry_for(match, kind, available, must_include, now)
+        except AllocationError as exc:
+            exc.ref = _ref_of(match)
+            raise
+        if match.ambiguity:
+            notes.append(f"ambiguous: {match.ambiguity} other container(s) qualified")
+        return entry, match.ambiguity
 
     def _drain_notes(self) -> list[str]:
         out, self._notes = self._notes, []
