@@ -1,10 +1,10 @@
 # gpu-share agent image: gpu-share-plugin (node agent) and gpu-share (admin CLI).
 #
-#   buildah bud --build-arg BASE_IMAGE=localhost/python:3.11-slim-bookworm -t localhost/gpu-share:dev .
+#   hack/build-image.sh          (buildah, no Docker, no registry: docs/e2e.md)
 #   docker build -t gpu-share:dev .
 #
-# BASE_IMAGE must be a Debian-style Python 3.11 image (python3.11 + pip at /usr/local or on
-# PATH); the e2e setup passes a locally made one.
+# BASE_IMAGE must be a Debian-style Python 3.11 image (python3.11 + pip on PATH, pip allowed
+# to install system-wide); hack/build-image.sh passes one made locally with debootstrap.
 ARG BASE_IMAGE=python:3.11-slim-bookworm
 
 # ---- build: one wheel for gpu-share and wheels for all its dependencies.

@@ -52,7 +52,7 @@ bash hack/local-up-cluster.sh up
 eval "$(bash hack/local-up-cluster.sh env)"
 
 if [[ "${1:-}" == clean ]]; then
-  kubectl delete namespace "$NS" --ignore-not-found --wait=false
+  kubectl delete namespace "$NS" --ignore-not-found --timeout=120s || true
   uninstall
   exit 0
 fi
@@ -60,12 +60,12 @@ fi
 bash hack/build-image.sh --import-tar "$TAR" >/dev/null
 
 step "helm install $RELEASE charts/gpu-share ${VALUES[*]}"
-kubectl create namespace "$AGENT_NS" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+kubectl get namespace "$AGENT_NS" >/dev/null 2>&1 || kubectl create namespace "$AGENT_NS" >/dev/null
 kubectl label namespace "$AGENT_NS" --overwrite pod-security.kubernetes.io/enforce=privileged >/dev/null
 "$HELM" upgrade --install "$RELEASE" charts/gpu-share -n "$AGENT_NS" "${VALUES[@]}" \
   --wait --timeout 180s >/dev/null
 if [[ "${GPU_SHARE_DEMO_KEEP:-0}" != 1 ]]; then
-  trap 'echo; echo "== helm uninstall (GPU_SHARE_DEMO_KEEP=1 keeps the agent)"; kubectl delete namespace "$NS" --ignore-not-found --wait=false >/dev/null; uninstall' EXIT
+  trap 'echo; echo "== helm uninstall (GPU_SHARE_DEMO_KEEP=1 keeps the agent)"; kubectl delete namespace "$NS" --ignore-not-found --timeout=120s >/dev/null || true; uninstall' EXIT
 fi
 AGENT=$(kubectl -n "$AGENT_NS" get pods -l app.kubernetes.io/component=agent \
   -o jsonpath='{.items[0].metadata.name}')
@@ -98,7 +98,7 @@ spec:
     - name: main
       image: $BUSYBOX_IMAGE
       imagePullPolicy: Never
-      command: [sh, -c, 'echo "seen: DUMMY_VISIBLE_DEVICES=\$DUMMY_VISIBLE_DEVICES memory=\${GPU_SHARE_MEMORY_LIMIT_MIB:-unlimited}MiB cores=\${GPU_SHARE_CORE_PERCENT:-shared}%"; sleep 3600']
+      command: [sh, -c, 'echo "seen: DUMMY_VISIBLE_DEVICES=\$DUMMY_VISIBLE_DEVICES memory=\${GPU_SHARE_MEMORY_LIMIT_MIB:-unlimited}MiB cores=\${GPU_SHARE_CORE_PERCENT:-shared}% /dev: \$(cd /dev && echo dummy-npu[0-9]*)"; sleep 3600']
       resources:
         limits:
           vendor.com/vcuda-memory: $2

@@ -94,7 +94,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """When e2e stories are selected: build the image (before the lock: it does not need
     the cluster), then wait for the cluster lock. Done here, not in a fixture, so neither
     the build nor the wait counts against pytest-timeout."""
-    if not any(item.get_closest_marker("e2e") for item in session.items):
+    if session.config.option.collectonly or not any(
+        item.get_closest_marker("e2e") for item in session.items
+    ):
         return
     _Session.problem = _environment_problem()
     if _Session.problem:

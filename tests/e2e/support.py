@@ -43,7 +43,8 @@ UNITS_PER_DEVICE = 16
 SEEN_PREFIX = "SEEN "
 SEEN_CMD = (
     'echo "SEEN visible=$DUMMY_VISIBLE_DEVICES ids=$GPU_SHARE_DEVICE_IDS'
-    ' mem=$GPU_SHARE_MEMORY_LIMIT_MIB cores=$GPU_SHARE_CORE_PERCENT"'
+    " mem=$GPU_SHARE_MEMORY_LIMIT_MIB cores=$GPU_SHARE_CORE_PERCENT"
+    ' nodes=$(cd /dev && ls -d dummy-npu[0-9]* 2>/dev/null | tr "\\n" "," | sed "s/,$//")"'
 )
 
 

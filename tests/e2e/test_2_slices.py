@@ -38,13 +38,16 @@ def test_story2_pod_sees_its_slice_and_annotations_agree(agent: Kube, namespace:
             timeout=150,
         )
     held = kubelet_devices(agent.env["POD_RESOURCES_SOCKET"])
-    inventory_ids = {d["id"] for d in agent.inventory()["devices"]}
+    index_of = {d["id"]: d["index"] for d in agent.inventory()["devices"]}
+    inventory_ids = set(index_of)
     for n, (mem, cores) in shapes.items():
         seen = wait_until(f"{n} printed its env", lambda n=n: agent.seen(namespace, n, "main"), 60)
         visible = seen["visible"]
         assert visible and "," not in visible, f"{n} sees {visible!r}, want one device"
         assert visible in inventory_ids
         assert seen["ids"] == visible
+        # passDeviceSpecs (local-cluster.yaml): exactly that device's node.
+        assert seen["nodes"] == f"dummy-npu{index_of[visible]}"
         assert seen["mem"] == str(mem * 1024)
         assert seen["cores"] == (str(cores) if cores else "")
 

@@ -112,6 +112,10 @@ def test_story8_agent_token_writes_only_its_own_node_and_pods(
     ok, out = _as(agent, plain, "patch", "node", agent.node, "-p", _annotate("plain"))
     assert not ok and "no node-name claim" in out, out
     agent.kubectl("annotate", "node", agent.node, "gpu-share.vendor.com/e2e-", check=False)
+    # No kubelet will ever confirm that pod's deletion.
+    agent.kubectl(
+        "-n", namespace, "delete", "pod", "elsewhere", "--force", "--grace-period=0", check=False
+    )
 
 
 def test_story8_forged_assignment_annotation_gains_nothing(agent: Kube, namespace: str) -> None:
@@ -164,7 +168,7 @@ def test_story8_forged_assignment_annotation_gains_nothing(agent: Kube, namespac
 
     assert (namespace, "freeloader", "main") not in held
     seen = wait_until("env", lambda: agent.seen(namespace, "freeloader", "main"), 60)
-    assert seen["visible"] == "" and seen["mem"] == ""
+    assert seen["visible"] == "" and seen["mem"] == "" and seen["nodes"] == ""
 
     # The forged claims block nobody: the inventory counts real slices only, and four
     # whole-device pods (the freeloader still carrying its forged claim) get every device,

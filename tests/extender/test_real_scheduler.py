@@ -13,25 +13,20 @@ Needs the local cluster (hack/local-up-cluster.sh up); cleans up its nodes and p
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 import socket
 import subprocess
-import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from bench.replay import trace
-from gpu_share.extender.core import Extender, ExtenderSettings
-from gpu_share.extender.http import make_server
 from gpu_share.sharing.annotations import InventoryAnnotation, InventoryDevice, inventory_key
-from gpu_share.sharing.model import ResourceNames
 from gpu_share.sharing.placement import ClusterIndex, Shape, TieBreak, Workload, make_policy
+from tests.extender.scheduler_support import extender_and_scheduler
 
 pytestmark = pytest.mark.cluster
 
@@ -75,7 +70,6 @@ def test_real_scheduler_matches_simulator(tmp_path: Path) -> None:
     from kubernetes import client as k8s  # the test may import it; the package may not
 
     from gpu_share.kube.client import make_api_client
-    from gpu_share.kube.cluster_view import KubeBinder, KubeClusterView
 
     env = _cluster_env()
     kubeconfig = env["KUBECONFIG"]
@@ -128,9 +122,6 @@ def test_real_scheduler_matches_simulator(tmp_path: Path) -> None:
         sim_choice.append(None if got is None else got.node)
 
     created_nodes: list[str] = []
-    server = None
-    sched = None
-    view = None
     try:
         core.create_namespace({"metadata": {"name": ns}})
         for n in sim_nodes:
@@ -156,86 +147,35 @@ def test_real_scheduler_matches_simulator(tmp_path: Path) -> None:
             cap = {"cpu": "1000", "memory": "4000Gi", "pods": "1000", MEM: g, CORE: g}
             core.patch_node_status(n.name, {"status": {"capacity": cap, "allocatable": cap}})
 
-        view = KubeClusterView(
-            api,
-            domain="vendor.com",
-            memory_resource=MEM,
-            core_resource=CORE,
-            default_workload=workload,
-        )
-        view.start()
-        assert view.wait_synced(30)
-        ext = Extender(
-            ExtenderSettings(ResourceNames(MEM, CORE), "vendor.com", KEY),
-            view,
-            KubeBinder(api),
-            lambda v: make_policy("fgd", workload),
-        )
-        port = _free_port()
-        server = make_server(ext, "127.0.0.1", port)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-
-        cfg = {
-            "apiVersion": "kubescheduler.config.k8s.io/v1",
-            "kind": "KubeSchedulerConfiguration",
-            "clientConnection": {"kubeconfig": kubeconfig},
-            "leaderElection": {"leaderElect": False},
-            "percentageOfNodesToScore": 100,
-            "profiles": [
-                {"schedulerName": sched_name, "plugins": {"score": {"disabled": [{"name": "*"}]}}}
-            ],
-            "extenders": [
-                {
-                    "urlPrefix": f"http://127.0.0.1:{port}",
-                    "filterVerb": "filter",
-                    "prioritizeVerb": "prioritize",
-                    "bindVerb": "bind",
-                    "weight": 1,
-                    "nodeCacheCapable": True,
-                    "httpTimeout": "30s",
-                    "ignorable": False,
-                    "managedResources": [
-                        {"name": MEM, "ignoredByScheduler": False},
-                        {"name": CORE, "ignoredByScheduler": False},
-                    ],
-                }
-            ],
-        }
-        (tmp_path / "sched.yaml").write_text(yaml.safe_dump(cfg))
-        log = (tmp_path / "sched.log").open("w")
-        sched = subprocess.Popen(
-            [str(sched_bin), f"--config={tmp_path / 'sched.yaml'}", "--secure-port=0", "--v=1"],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "KUBECONFIG": kubeconfig},
-        )
-
-        real_choice: list[str | None] = []
-        for i, p in enumerate(chosen):
-            d = p.demand(UNITS, host=False).containers[0]
-            name = f"p{i:04d}"
-            core.create_namespaced_pod(
-                ns,
-                {
-                    "metadata": {"name": name},
-                    "spec": {
-                        "schedulerName": sched_name,
-                        "nodeSelector": {"gs-replay": tag},
-                        "tolerations": [{"operator": "Exists"}],
-                        "containers": [
-                            {
-                                "name": "main",
-                                "image": "registry.k8s.io/pause:3.10",
-                                "resources": {
-                                    "limits": {MEM: str(d.memory_units), CORE: str(d.cores)}
-                                },
-                            }
-                        ],
+        with extender_and_scheduler(
+            api, kubeconfig, sched_bin, tmp_path, sched_name, workload, KEY
+        ) as sched:
+            real_choice: list[str | None] = []
+            for i, p in enumerate(chosen):
+                d = p.demand(UNITS, host=False).containers[0]
+                name = f"p{i:04d}"
+                core.create_namespaced_pod(
+                    ns,
+                    {
+                        "metadata": {"name": name},
+                        "spec": {
+                            "schedulerName": sched_name,
+                            "nodeSelector": {"gs-replay": tag},
+                            "tolerations": [{"operator": "Exists"}],
+                            "containers": [
+                                {
+                                    "name": "main",
+                                    "image": "registry.k8s.io/pause:3.10",
+                                    "resources": {
+                                        "limits": {MEM: str(d.memory_units), CORE: str(d.cores)}
+                                    },
+                                }
+                            ],
+                        },
                     },
-                },
-            )
-            real_choice.append(_wait_placed(core, ns, name, timeout=30.0))
-            assert sched.poll() is None, (tmp_path / "sched.log").read_text()[-3000:]
+                )
+                real_choice.append(_wait_placed(core, ns, name, timeout=30.0))
+                assert sched.poll() is None, (tmp_path / "sched.log").read_text()[-3000:]
 
         def alloc(choice: list[str | None]) -> float:
             return (
@@ -251,14 +191,6 @@ def test_real_scheduler_matches_simulator(tmp_path: Path) -> None:
         )
         assert abs(alloc(sim_choice) - alloc(real_choice)) <= 0.5
     finally:
-        if sched is not None:
-            sched.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                sched.wait(timeout=10)
-        if server is not None:
-            server.shutdown()
-        if view is not None:
-            view.stop()
         # No kubelet runs these pods: only a zero grace period removes them at once.
         with contextlib.suppress(Exception):
             core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)

@@ -1,0 +1,191 @@
+"""Story (issue #6) on the real node: with the extender, a pod that no single device can
+hold stays Pending with a clear reason instead of failing admission at the kubelet; pods
+that fit run on the device the extender chose (signed decision followed by the agent).
+
+Real kubelet, real agent (host process, dummy backend: 2 devices x 8 units), real second
+kube-scheduler calling the extender. Needs the local cluster (hack/local-up-cluster.sh).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+from gpu_share.sharing.placement import Shape, Workload
+from tests.extender.scheduler_support import CORE, MEM, extender_and_scheduler
+from tests.extender.test_real_scheduler import _cluster_env
+
+pytestmark = pytest.mark.cluster
+
+KEY = b"pending-story-key-0123456789abcdef"
+ASSIGNMENT = "gpu-share.vendor.com/assignment"
+
+
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+def _pod(name: str, sched: str, mem: int) -> dict:
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "schedulerName": sched,
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "localhost/busybox:local",
+                    "imagePullPolicy": "Never",
+                    "command": ["sh", "-c", "echo $DUMMY_VISIBLE_DEVICES; sleep 600"],
+                    "resources": {"limits": {MEM: str(mem), CORE: "10"}},
+                }
+            ],
+        },
+    }
+
+
+def test_pod_that_fits_no_single_device_stays_pending_with_a_reason(tmp_path: Path) -> None:
+    from kubernetes import client as k8s
+
+    from gpu_share.kube.client import make_api_client
+
+    env = _cluster_env()
+    kubeconfig = env["KUBECONFIG"]
+    api = make_api_client(kubeconfig)
+    core = k8s.CoreV1Api(api)
+    tag = uuid.uuid4().hex[:6]
+    ns, sched_name = f"gs-pending-{tag}", f"gpu-share-pending-{tag}"
+    (tmp_path / "key").write_bytes(KEY)
+    agent_env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_SHARE_")}
+    agent_env.update(
+        {
+            "KUBECONFIG": kubeconfig,
+            "GPU_SHARE_DUMMY__DEVICE_COUNT": "2",
+            "GPU_SHARE_DUMMY__MEMORY_MIB": str(8 * 1024),
+            "GPU_SHARE_DUMMY__FAULT_FILE": str(tmp_path / "faults.json"),
+            "GPU_SHARE_PLACEMENT__DECISION_KEY_FILE": str(tmp_path / "key"),
+        }
+    )
+    agent = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpu_share.cli.plugin_main",
+            "--backend",
+            "dummy",
+            "--node-name",
+            env["NODE_NAME"],
+            "--device-plugin-dir",
+            env["DEVICE_PLUGIN_DIR"],
+            "--pod-resources-socket",
+            env["POD_RESOURCES_SOCKET"],
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--metrics-port",
+            "19481",
+            "--log-format",
+            "text",
+        ],
+        env=agent_env,
+        stdout=(tmp_path / "agent.log").open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    workload = Workload([Shape(5, 10, 1.0), Shape(6, 10, 1.0)])
+    try:
+        deadline = time.monotonic() + 60
+        while not _ready("http://127.0.0.1:19481/readyz"):
+            assert agent.poll() is None and time.monotonic() < deadline, (
+                tmp_path / "agent.log"
+            ).read_text()[-3000:]
+            time.sleep(0.2)
+        # The extender sees the node through the agent's inventory annotation.
+        key = "gpu-share.vendor.com/inventory"
+        while key not in (core.read_node(env["NODE_NAME"]).metadata.annotations or {}):
+            assert time.monotonic() < deadline, "no inventory annotation on the node"
+            time.sleep(0.5)
+        core.create_namespace({"metadata": {"name": ns}})
+        with extender_and_scheduler(
+            api,
+            kubeconfig,
+            Path(env["K8S_BIN_DIR"]) / "kube-scheduler",
+            tmp_path,
+            sched_name,
+            workload,
+            KEY,
+        ):
+            for name in ("fill-a", "fill-b"):  # 5 + 5 units: 3 + 3 left on two devices
+                core.create_namespaced_pod(ns, _pod(name, sched_name, 5))
+            devices = set()
+            for name in ("fill-a", "fill-b"):
+                pod = _wait(core, ns, name, lambda p: p.status.phase == "Running", 120)
+                doc = json.loads(pod.metadata.annotations[ASSIGNMENT])
+                main = doc["containers"]["main"]
+                assert main["source"] == "extender", doc  # the agent followed the decision
+                devices.add(main["devices"][0]["id"])
+            assert len(devices) == 2
+            # 6 free units on the node in total, but no device has 6: the node-total view
+            # of the default scheduler would send it to the kubelet to fail admission.
+            core.create_namespaced_pod(ns, _pod("too-big", sched_name, 6))
+            pod = _wait(core, ns, "too-big", _unschedulable, 60)
+            assert pod.spec.node_name is None and pod.status.phase == "Pending"
+            msgs = _event_messages(core, ns, "too-big")
+            assert any("6" in m and "memory" in m for m in msgs), msgs
+            time.sleep(3)  # and it stays that way
+            pod = core.read_namespaced_pod("too-big", ns)
+            assert pod.spec.node_name is None and pod.status.phase == "Pending"
+    finally:
+        subprocess.run(
+            [
+                env["KUBECTL"],
+                "--kubeconfig",
+                kubeconfig,
+                "delete",
+                "namespace",
+                ns,
+                "--wait=true",
+                "--timeout=90s",
+            ],
+            capture_output=True,
+            timeout=120,
+        )
+        agent.send_signal(signal.SIGTERM)
+        try:
+            agent.wait(20)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+
+
+def _unschedulable(pod: object) -> bool:
+    conds = pod.status.conditions or []  # type: ignore[attr-defined]
+    return any(c.type == "PodScheduled" and c.reason == "Unschedulable" for c in conds)
+
+
+def _wait(core: object, ns: str, name: str, pred: object, timeout: float) -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        pod = core.read_namespaced_pod(name, ns)  # type: ignore[attr-defined]
+        if pred(pod):  # type: ignore[operator]
+            return pod
+        assert time.monotonic() < deadline, f"{ns}/{name}: {pod.status}"
+        time.sleep(0.5)
+
+
+def _event_messages(core: object, ns: str, name: str) -> list[str]:
+    evs = core.list_namespaced_event(  # type: ignore[attr-defined]
+        ns, field_selector=f"involvedObject.name={name}"
+    )
+    return [e.message or "" for e in evs.items]
