@@ -16,7 +16,9 @@ from pathlib import Path
 
 from gpu_share.sharing.placement import Demand, DeviceSlot, NodeSlots, PodDemand
 
-DEFAULT_TRACES = "/work/shared/traces/openb"
+# The trace lives in shared/ beside the checkout (never copied into the repo).
+_BESIDE_REPO = Path(__file__).resolve().parents[3] / "shared" / "traces" / "openb"
+DEFAULT_TRACES = str(_BESIDE_REPO if _BESIDE_REPO.is_dir() else "/work/shared/traces/openb")
 UNITS = 1000  # memory units and cores per device in the replay
 GPU_MILLI = 1000
 
