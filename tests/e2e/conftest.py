@@ -134,7 +134,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         _Session.lock = None
 
 
-@pytest.fixture(scope="session")
+# Package scope: the chart is uninstalled right after the last story, so later cluster
+# tests of the same pytest run (which start their own agent on the same kubelet
+# device-plugin dir) never meet this one.
+@pytest.fixture(scope="package")
 def kube() -> Iterator[Kube]:
     if _Session.problem:
         if "failed" in _Session.problem or "held" in _Session.problem:

@@ -180,6 +180,7 @@ def _wait(core: object, ns: str, name: str, pred: object, timeout: float) -> obj
         pod = core.read_namespaced_pod(name, ns)  # type: ignore[attr-defined]
         if pred(pod):  # type: ignore[operator]
             return pod
+        assert pod.status.phase != "Failed", f"{ns}/{name} failed: {pod.status.message}"  # type: ignore[attr-defined]
         assert time.monotonic() < deadline, f"{ns}/{name}: {pod.status}"
         time.sleep(0.5)
 
