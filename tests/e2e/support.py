@@ -104,6 +104,29 @@ class Kube:
             )
         return proc
 
+    def wait_ready(self, namespace: str, timeout_s: int = 120) -> None:
+        """Every pod of ``namespace`` Ready."""
+        self.kubectl(
+            "-n",
+            namespace,
+            "wait",
+            "--for=condition=Ready",
+            "pod",
+            "--all",
+            f"--timeout={timeout_s}s",
+            timeout=timeout_s + 30,
+        )
+
+    def namespace_devices(
+        self, namespace: str
+    ) -> dict[tuple[str, str, str], dict[str, tuple[str, ...]]]:
+        """The kubelet's PodResources devices of the containers of ``namespace``."""
+        return {
+            k: v
+            for k, v in kubelet_devices(self.env["POD_RESOURCES_SOCKET"]).items()
+            if k[0] == namespace
+        }
+
     def kubectl(self, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
         return self.run([self.env["KUBECTL"], *args], **kw)
 

@@ -43,21 +43,8 @@ def test_story4_kubelet_restart_plugin_reregisters_slices_kept(agent: Kube, name
     """Story 4: restart the kubelet; re-registration within seconds, old slices kept,
     new slice disjoint from them."""
     agent.apply(pod(f"before-{i}", namespace, [container("main", 4, 30)]) for i in range(3))
-    agent.kubectl(
-        "-n",
-        namespace,
-        "wait",
-        "--for=condition=Ready",
-        "pod",
-        "--all",
-        "--timeout=120s",
-        timeout=150,
-    )
-    before = {
-        k: v
-        for k, v in kubelet_devices(agent.env["POD_RESOURCES_SOCKET"]).items()
-        if k[0] == namespace
-    }
+    agent.wait_ready(namespace)
+    before = agent.namespace_devices(namespace)
     assert len(before) == 3
     uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in agent.pods(namespace)}
 
@@ -82,17 +69,7 @@ def test_story4_kubelet_restart_plugin_reregisters_slices_kept(agent: Kube, name
     # The new kubelet lists a running pod in PodResources once it has synced it again.
     after = wait_until(
         "the new kubelet lists the running pods",
-        lambda: (
-            (
-                a := {
-                    k: v
-                    for k, v in kubelet_devices(agent.env["POD_RESOURCES_SOCKET"]).items()
-                    if k[0] == namespace
-                }
-            )
-            and len(a) == len(before)
-            and a
-        ),
+        lambda: (a := agent.namespace_devices(namespace)) and len(a) == len(before) and a,
         90,
     )
     assert after == before, "running pods' device ids changed across the kubelet restart"

@@ -25,22 +25,9 @@ def test_story5_agent_pod_deleted_slices_kept_no_reuse(agent: Kube, namespace: s
     agent.apply(
         pod(f"old-{i}", namespace, [container("main", m, c)]) for i, (m, c) in enumerate(shapes)
     )
-    agent.kubectl(
-        "-n",
-        namespace,
-        "wait",
-        "--for=condition=Ready",
-        "pod",
-        "--all",
-        "--timeout=120s",
-        timeout=150,
-    )
+    agent.wait_ready(namespace)
     assert_consistent(agent)
-    before = {
-        k: v
-        for k, v in kubelet_devices(agent.env["POD_RESOURCES_SOCKET"]).items()
-        if k[0] == namespace
-    }
+    before = agent.namespace_devices(namespace)
 
     old_agent = agent.ready_agent()
     assert old_agent is not None

@@ -46,21 +46,8 @@ def test_story7_upgrade_rolls_agent_keeps_allocations_uninstall_withdraws(
     upgrade (memory unit 2048 MiB, no pods) changes the advertised units; uninstall removes
     the agent, its sockets and the node's allocatable."""
     agent.apply(pod(f"w{i}", namespace, [container("main", 4, 25)]) for i in range(3))
-    agent.kubectl(
-        "-n",
-        namespace,
-        "wait",
-        "--for=condition=Ready",
-        "pod",
-        "--all",
-        "--timeout=120s",
-        timeout=150,
-    )
-    before = {
-        k: v
-        for k, v in kubelet_devices(agent.env["POD_RESOURCES_SOCKET"]).items()
-        if k[0] == namespace
-    }
+    agent.wait_ready(namespace)
+    before = agent.namespace_devices(namespace)
     old = agent.ready_agent()
     assert old is not None
 

@@ -140,16 +140,7 @@ def test_story8_forged_assignment_annotation_gains_nothing(agent: Kube, namespac
             pod("freeloader", namespace, [container("main")], annotations={ASSIGNMENT: forged}),
         ]
     )
-    agent.kubectl(
-        "-n",
-        namespace,
-        "wait",
-        "--for=condition=Ready",
-        "pod",
-        "--all",
-        "--timeout=120s",
-        timeout=150,
-    )
+    agent.wait_ready(namespace)
     held = kubelet_devices(agent.env["POD_RESOURCES_SOCKET"])
     greedy = held[(namespace, "greedy", "main")]
     assert sum(len(v) for v in greedy.values()) == 1, greedy
