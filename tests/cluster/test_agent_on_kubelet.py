@@ -9,17 +9,14 @@ also across an agent restart. (The chart-based stories live in tests/e2e.)
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from cluster_support import Cluster
+
+from tests.support.host_agent import HostAgent
 
 pytestmark = pytest.mark.cluster
 
@@ -30,90 +27,36 @@ DEVICES = 3
 UNITS = 8  # 8 GiB per dummy device at 1 GiB units
 
 
-class Agent:
-    def __init__(self, cluster: Cluster, workdir: Path) -> None:
-        self.cluster = cluster
-        self.workdir = workdir
-        self.proc: subprocess.Popen[bytes] | None = None
+class Agent(HostAgent):
+    """The host agent, started only once the kubelet's node status shows its devices."""
 
-    def start(self) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_SHARE_")}
-        env.update(
-            {
-                "KUBECONFIG": self.cluster.env["KUBECONFIG"],
-                "GPU_SHARE_DUMMY__DEVICE_COUNT": str(DEVICES),
-                "GPU_SHARE_DUMMY__MEMORY_MIB": str(UNITS * 1024),
-                "GPU_SHARE_DUMMY__FAULT_FILE": str(self.workdir / "faults.json"),
-            }
-        )
-        log = open(self.workdir / "agent.log", "ab")  # noqa: SIM115 - owned by the process
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gpu_share.cli.plugin_main",
-                "--backend",
-                "dummy",
-                "--node-name",
-                self.cluster.node,
-                "--device-plugin-dir",
-                self.cluster.env["DEVICE_PLUGIN_DIR"],
-                "--pod-resources-socket",
-                self.cluster.env["POD_RESOURCES_SOCKET"],
-                "--state-dir",
-                str(self.workdir / "state"),
-                "--metrics-port",
-                "19471",
-                "--log-format",
-                "text",
-            ],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        deadline = time.monotonic() + 60
+    def __init__(self, cluster: Cluster, workdir: Path) -> None:
+        super().__init__(cluster.env, workdir, devices=DEVICES, units=UNITS, metrics_port=19471)
+        self.cluster = cluster
+
+    def start(self, timeout_s: float = 60) -> None:
+        deadline = time.monotonic() + timeout_s
         # Registered first (node status may still show the previous agent's devices),
         # then the kubelet's view.
-        while time.monotonic() < deadline and not _ready("http://127.0.0.1:19471/readyz"):
-            assert self.proc.poll() is None, self.log()
-            time.sleep(0.2)
+        super().start(timeout_s)
         while time.monotonic() < deadline:
             alloc = self.cluster.kubectl_json("get", "node", self.cluster.node)["status"].get(
                 "allocatable", {}
             )
             if alloc.get(MEM) == str(DEVICES * UNITS) and alloc.get(CORE) == str(DEVICES * 100):
                 return
-            assert self.proc.poll() is None, self.log()
+            assert self.proc is not None and self.proc.poll() is None, self.log()
             time.sleep(0.5)
         raise AssertionError(f"allocatable never showed our resources:\n{self.log()}")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-
-    def log(self) -> str:
-        return (self.workdir / "agent.log").read_text(errors="replace")[-4000:]
-
-
-def _ready(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return bool(resp.status == 200)
-    except OSError:
-        return False
 
 
 @pytest.fixture
 def ns(cluster: Cluster, namespace: str) -> Iterator[str]:
     """The smoke namespace, but its pods are gone (devices freed) before the next test."""
     yield namespace
-    cluster.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=120s",
-                    check=False, timeout=150)
+    cluster.kubectl(
+        "delete", "namespace", namespace, "--wait=true", "--timeout=120s", check=False, timeout=150
+    )
 
 
 @pytest.fixture

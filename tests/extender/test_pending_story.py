@@ -9,12 +9,8 @@ kube-scheduler calling the extender. Needs the local cluster (hack/local-up-clus
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
-import sys
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 
@@ -23,19 +19,12 @@ import pytest
 from gpu_share.sharing.placement import Shape, Workload
 from tests.extender.scheduler_support import CORE, MEM, extender_and_scheduler
 from tests.extender.test_real_scheduler import _cluster_env
+from tests.support.host_agent import HostAgent
 
 pytestmark = pytest.mark.cluster
 
 KEY = b"pending-story-key-0123456789abcdef"
 ASSIGNMENT = "gpu-share.vendor.com/assignment"
-
-
-def _ready(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return bool(resp.status == 200)
-    except OSError:
-        return False
 
 
 def _pod(name: str, sched: str, mem: int) -> dict:
@@ -70,48 +59,18 @@ def test_pod_that_fits_no_single_device_stays_pending_with_a_reason(tmp_path: Pa
     tag = uuid.uuid4().hex[:6]
     ns, sched_name = f"gs-pending-{tag}", f"gpu-share-pending-{tag}"
     (tmp_path / "key").write_bytes(KEY)
-    agent_env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_SHARE_")}
-    agent_env.update(
-        {
-            "KUBECONFIG": kubeconfig,
-            "GPU_SHARE_DUMMY__DEVICE_COUNT": "2",
-            "GPU_SHARE_DUMMY__MEMORY_MIB": str(8 * 1024),
-            "GPU_SHARE_DUMMY__FAULT_FILE": str(tmp_path / "faults.json"),
-            "GPU_SHARE_PLACEMENT__DECISION_KEY_FILE": str(tmp_path / "key"),
-        }
-    )
-    agent = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gpu_share.cli.plugin_main",
-            "--backend",
-            "dummy",
-            "--node-name",
-            env["NODE_NAME"],
-            "--device-plugin-dir",
-            env["DEVICE_PLUGIN_DIR"],
-            "--pod-resources-socket",
-            env["POD_RESOURCES_SOCKET"],
-            "--state-dir",
-            str(tmp_path / "state"),
-            "--metrics-port",
-            "19481",
-            "--log-format",
-            "text",
-        ],
-        env=agent_env,
-        stdout=(tmp_path / "agent.log").open("wb"),
-        stderr=subprocess.STDOUT,
+    agent = HostAgent(
+        env,
+        tmp_path,
+        devices=2,
+        units=8,
+        metrics_port=19481,
+        extra_env={"GPU_SHARE_PLACEMENT__DECISION_KEY_FILE": str(tmp_path / "key")},
     )
     workload = Workload([Shape(5, 10, 1.0), Shape(6, 10, 1.0)])
     try:
+        agent.start()
         deadline = time.monotonic() + 60
-        while not _ready("http://127.0.0.1:19481/readyz"):
-            assert agent.poll() is None and time.monotonic() < deadline, (
-                tmp_path / "agent.log"
-            ).read_text()[-3000:]
-            time.sleep(0.2)
         # The extender sees the node through the agent's inventory annotation.
         key = "gpu-share.vendor.com/inventory"
         while key not in (core.read_node(env["NODE_NAME"]).metadata.annotations or {}):
@@ -162,11 +121,7 @@ def test_pod_that_fits_no_single_device_stays_pending_with_a_reason(tmp_path: Pa
             capture_output=True,
             timeout=120,
         )
-        agent.send_signal(signal.SIGTERM)
-        try:
-            agent.wait(20)
-        except subprocess.TimeoutExpired:
-            agent.kill()
+        agent.stop()
 
 
 def _unschedulable(pod: object) -> bool:

@@ -1,0 +1,97 @@
+"""``gpu-share-plugin`` as a host process on the local cluster's real kubelet (dummy
+backend), for the cluster-level tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+
+
+def ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+class HostAgent:
+    """Start/stop one agent; its log is ``workdir/agent.log``, state ``workdir/state``."""
+
+    def __init__(
+        self,
+        cluster_env: Mapping[str, str],
+        workdir: Path,
+        *,
+        devices: int,
+        units: int,
+        metrics_port: int,
+        extra_env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.cluster_env = cluster_env
+        self.workdir = workdir
+        self.devices = devices
+        self.units = units
+        self.metrics_port = metrics_port
+        self.extra_env = dict(extra_env or {})
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 60) -> None:
+        """Start and wait until both resources are registered with the kubelet."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_SHARE_")}
+        env.update(
+            {
+                "KUBECONFIG": self.cluster_env["KUBECONFIG"],
+                "GPU_SHARE_DUMMY__DEVICE_COUNT": str(self.devices),
+                "GPU_SHARE_DUMMY__MEMORY_MIB": str(self.units * 1024),
+                "GPU_SHARE_DUMMY__FAULT_FILE": str(self.workdir / "faults.json"),
+                **self.extra_env,
+            }
+        )
+        log = open(self.workdir / "agent.log", "ab")  # noqa: SIM115 - owned by the process
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gpu_share.cli.plugin_main",
+                "--backend",
+                "dummy",
+                "--node-name",
+                self.cluster_env["NODE_NAME"],
+                "--device-plugin-dir",
+                self.cluster_env["DEVICE_PLUGIN_DIR"],
+                "--pod-resources-socket",
+                self.cluster_env["POD_RESOURCES_SOCKET"],
+                "--state-dir",
+                str(self.workdir / "state"),
+                "--metrics-port",
+                str(self.metrics_port),
+                "--log-format",
+                "text",
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + timeout_s
+        while not ready(f"http://127.0.0.1:{self.metrics_port}/readyz"):
+            assert self.proc.poll() is None and time.monotonic() < deadline, self.log()
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+    def log(self) -> str:
+        return (self.workdir / "agent.log").read_text(errors="replace")[-4000:]
