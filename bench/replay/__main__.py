@@ -13,7 +13,7 @@ import json
 import statistics
 import sys
 import tempfile
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", default="42-51", help="e.g. 42-51 or 42,43")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument(
+        "--report-only",
+        action="store_true",
+        help="print tables and plots from <out>/results.jsonl of an earlier run",
+    )
+    ap.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep <out>/results.jsonl and run only the runs it lacks",
+    )
+    ap.add_argument(
         "--out",
         default=str(Path(tempfile.gettempdir()) / "gpu-share-replay"),
         help="plots and results.json go here (keep it out of the repository)",
@@ -67,20 +77,40 @@ def main(argv: list[str] | None = None) -> int:
     if a.traces:
         wanted = set(a.traces.split(","))
         files = [f for f in files if f.stem.removeprefix("openb_pod_list_") in wanted]
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "results.jsonl"  # one line per finished run: a long run never loses work
+    if a.report_only:
+        report(_read(log), out)
+        return 0
+    done = _read(log) if a.resume else []
+    if not a.resume:
+        log.write_text("")
+    have = {(r["trace"], r["policy"], r["tie"], r["seed"]) for r in done}
     jobs = [
         (str(f), p, t, s)
         for f in files
         for p in a.policies.split(",")
         for t in a.ties.split(",")
         for s in seeds
+        if (f.stem.removeprefix("openb_pod_list_"), p, t, s) not in have
     ]
-    with ProcessPoolExecutor(max_workers=a.workers) as ex:
-        results = list(ex.map(_job, jobs))
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
+    results = list(done)
+    with ProcessPoolExecutor(max_workers=a.workers) as ex, log.open("a") as f:
+        for fut in as_completed([ex.submit(_job, j) for j in jobs]):
+            r = fut.result()
+            results.append(r)
+            f.write(json.dumps(r) + "\n")
+            f.flush()
     (out / "results.json").write_text(json.dumps(results))
     report(results, out)
     return 0
+
+
+def _read(log: Path) -> list[dict[str, Any]]:
+    if not log.exists():
+        return []
+    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
 
 
 def report(results: list[dict[str, Any]], out: Path) -> None:

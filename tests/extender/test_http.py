@@ -180,3 +180,27 @@ def test_bad_requests(served: Any) -> None:
     assert e.value.code == 400
     with urllib.request.urlopen(url + "/healthz", timeout=10) as r:
         assert r.status == 200
+
+
+def test_host_cpu_and_memory_count_like_the_replay(served: Any) -> None:
+    url, view, _ = served
+    gpu = (DeviceSlot("GPU-c0", 0, 16, 16, 100, 100),)
+    # c: the GPU fits but only 0.5 CPU is left (the pod's plain container asks 1);
+    # d: CPU fits, memory does not.
+    view.nodes["c"] = NodeSlots("c", gpu, cpu_free=500, host_memory_free=10_000)
+    pod = kpod(4, 30)
+    pod["spec"]["containers"][1]["resources"]["requests"]["memory"] = "2Gi"
+    view.nodes["d"] = NodeSlots("d", gpu, cpu_free=8000, host_memory_free=1024)
+    view.nodes["e"] = NodeSlots("e", gpu, cpu_free=8000, host_memory_free=4096)
+    got = post(url + "/filter", {"Pod": pod, "NodeNames": ["c", "d", "e"]})
+    assert got["NodeNames"] == ["e"]
+    assert "insufficient cpu (500m free, 1000m requested)" in got["FailedNodes"]["c"]
+    assert "insufficient memory (1024Mi free, 2048Mi requested)" in got["FailedNodes"]["d"]
+
+
+def test_unparseable_host_quantity_is_a_filter_error(served: Any) -> None:
+    url, _, _ = served
+    pod = kpod(4, 30)
+    pod["spec"]["containers"][1]["resources"]["requests"]["cpu"] = "lots"
+    got = post(url + "/filter", {"Pod": pod, "NodeNames": ["a"]})
+    assert "not a quantity" in got["Error"]

@@ -4,8 +4,10 @@
 resources in status); an extender (in this process) and a second kube-scheduler (the
 cached v1.34.4 binary, its own schedulerName) place the trace's GPU pods one at a time.
 The simulator runs the same nodes and pods with the same policy; allocation must agree
-within 0.5 pp. GPU-only (pods request no CPU/memory): the extender does not see host
-resources, so both sides leave them out.
+within 0.5 pp. Host resources count on both sides: the nodes report the trace's CPU and
+memory as allocatable and the pods request the trace's CPU and memory (kube-scheduler
+filters on them, the extender's fgd scores them, as the replay does). GPU-free pods are
+left out: the extender does not rank them, so kube-scheduler's choice is arbitrary.
 
 Needs the local cluster (hack/local-up-cluster.sh up); cleans up its nodes and pods.
 """
@@ -81,7 +83,7 @@ def test_real_scheduler_matches_simulator(tmp_path: Path) -> None:
     sched_name = f"gpu-share-replay-{tag}"
     ns = f"gs-replay-{tag}"
 
-    all_nodes = trace.load_nodes(units=UNITS, host=False)
+    all_nodes = trace.load_nodes(units=UNITS)
     nodes = all_nodes[:: max(1, len(all_nodes) // N_NODES)][:N_NODES]
     capacity = sum(len(n.devices) for n in nodes) * trace.GPU_MILLI
     pods = trace.load_pods(trace.trace_dir() / "openb_pod_list_default.csv")
@@ -93,7 +95,9 @@ def test_real_scheduler_matches_simulator(tmp_path: Path) -> None:
         arrived += p.gpu_request
         chosen.append(p)
     workload = Workload(
-        Shape(c.memory_units, c.cores, 1.0) for p in pods for c in p.demand(UNITS).containers
+        Shape(c.memory_units, c.cores, 1.0, p.cpu_milli, p.memory_mib)
+        for p in pods
+        for c in p.demand(UNITS).containers
     )
 
     # Simulator, same nodes (renamed alike: the prefix keeps name order) and pods.
@@ -111,6 +115,8 @@ def test_real_scheduler_matches_simulator(tmp_path: Path) -> None:
                 )
                 for d in n.devices
             ),
+            cpu_free=n.cpu_free,
+            host_memory_free=n.host_memory_free,
             model=n.model,
         )
         for n in nodes
@@ -118,7 +124,7 @@ def test_real_scheduler_matches_simulator(tmp_path: Path) -> None:
     index = ClusterIndex(make_policy("fgd", workload), sim_nodes, TieBreak.DETERMINISTIC)
     sim_choice: list[str | None] = []
     for p in chosen:
-        got = index.place(p.demand(UNITS, host=False))
+        got = index.place(p.demand(UNITS))
         sim_choice.append(None if got is None else got.node)
 
     created_nodes: list[str] = []
@@ -144,7 +150,13 @@ def test_real_scheduler_matches_simulator(tmp_path: Path) -> None:
             )
             created_nodes.append(n.name)
             g = str(len(n.devices) * UNITS)
-            cap = {"cpu": "1000", "memory": "4000Gi", "pods": "1000", MEM: g, CORE: g}
+            cap = {
+                "cpu": f"{n.cpu_free}m",
+                "memory": f"{n.host_memory_free}Mi",
+                "pods": "1000",
+                MEM: g,
+                CORE: g,
+            }
             core.patch_node_status(n.name, {"status": {"capacity": cap, "allocatable": cap}})
 
         with extender_and_scheduler(
@@ -152,7 +164,7 @@ def test_real_scheduler_matches_simulator(tmp_path: Path) -> None:
         ) as sched:
             real_choice: list[str | None] = []
             for i, p in enumerate(chosen):
-                d = p.demand(UNITS, host=False).containers[0]
+                d = p.demand(UNITS).containers[0]
                 name = f"p{i:04d}"
                 core.create_namespaced_pod(
                     ns,
@@ -167,7 +179,11 @@ def test_real_scheduler_matches_simulator(tmp_path: Path) -> None:
                                     "name": "main",
                                     "image": "registry.k8s.io/pause:3.10",
                                     "resources": {
-                                        "limits": {MEM: str(d.memory_units), CORE: str(d.cores)}
+                                        "requests": {
+                                            "cpu": f"{p.cpu_milli}m",
+                                            "memory": f"{p.memory_mib}Mi",
+                                        },
+                                        "limits": {MEM: str(d.memory_units), CORE: str(d.cores)},
                                     },
                                 }
                             ],

@@ -20,6 +20,7 @@ from gpu_share.sharing.placement import (
     PodDemand,
     evaluate_node,
 )
+from gpu_share.sharing.quantity import QuantityError, pod_host_request
 
 MAX_PRIORITY = 10  # extenderv1.MaxExtenderPriority
 
@@ -54,8 +55,30 @@ def pod_requests(pod: Mapping[str, Any], names: ResourceNames) -> dict[str, Cont
     return out
 
 
-def to_demand(requests: Mapping[str, ContainerRequest]) -> PodDemand:
-    return PodDemand(tuple(Demand(n, r.memory_units, r.cores) for n, r in requests.items()))
+@dataclass(frozen=True)
+class PodAsk:
+    """What the extender weighs for one pod: our resources per container, and the
+    host CPU (millicores) and memory (MiB) the scheduler reserves for it."""
+
+    requests: dict[str, ContainerRequest]
+    cpu: int = 0
+    memory: int = 0
+
+
+def pod_ask(pod: Mapping[str, Any], names: ResourceNames) -> PodAsk:
+    try:
+        cpu, mem = pod_host_request(pod)
+    except QuantityError as e:
+        raise ValueError(str(e)) from e
+    return PodAsk(pod_requests(pod, names), cpu, mem)
+
+
+def to_demand(ask: PodAsk) -> PodDemand:
+    return PodDemand(
+        tuple(Demand(n, r.memory_units, r.cores) for n, r in ask.requests.items()),
+        cpu=ask.cpu,
+        host_memory=ask.memory,
+    )
 
 
 class Extender:
@@ -74,11 +97,11 @@ class Extender:
         self._clock = clock
         self._lock = threading.Lock()  # binds decide and reserve one at a time
         # Requests of pods seen in filter/prioritize, for bind (which names only the pod).
-        self._seen: OrderedDict[str, dict[str, ContainerRequest]] = OrderedDict()
+        self._seen: OrderedDict[str, PodAsk] = OrderedDict()
         self._seen_lock = threading.Lock()
 
-    def _remember(self, pod: Mapping[str, Any]) -> dict[str, ContainerRequest]:
-        reqs = pod_requests(pod, self.settings.resources)
+    def _remember(self, pod: Mapping[str, Any]) -> PodAsk:
+        reqs = pod_ask(pod, self.settings.resources)
         uid = str((pod.get("metadata") or {}).get("uid", ""))
         if uid:
             with self._seen_lock:
@@ -119,7 +142,7 @@ class Extender:
             }
         names = self._node_names(args)
         failed: dict[str, str] = {}
-        if reqs:
+        if reqs.requests:
             for n, r in self._evaluate(names, to_demand(reqs)).items():
                 if isinstance(r, NoFit):
                     failed[n] = f"gpu-share: {r.reason}"
@@ -146,8 +169,8 @@ class Extender:
         try:
             reqs = self._remember(args.get("Pod") or {})
         except ValueError:
-            reqs = {}
-        if not reqs:
+            reqs = PodAsk({})
+        if not reqs.requests:
             return [{"Host": n, "Score": 0} for n in names]
         evals = self._evaluate(names, to_demand(reqs))
         fits = sorted(((r.score, n) for n, r in evals.items() if isinstance(r, Placement)))
@@ -171,11 +194,14 @@ class Extender:
             pod = self.view.pod(ns, name)
             if pod is None:
                 return {"Error": f"pod {ns}/{name} not found"}
-            reqs = pod_requests(pod, self.settings.resources)
+            try:
+                reqs = pod_ask(pod, self.settings.resources)
+            except ValueError as e:
+                return {"Error": f"pod {ns}/{name}: {e}"}
         annotations: dict[str, str] = {}
         with self._lock:
             shares: dict[str, tuple[int, int]] = {}
-            if reqs:
+            if reqs.requests:
                 r = self._evaluate([node], to_demand(reqs))[node]
                 if isinstance(r, NoFit):
                     return {"Error": f"gpu-share: {node}: {r.reason}"}
@@ -184,7 +210,7 @@ class Extender:
                     node=node,
                     containers={
                         cp.container: ContainerDecision(
-                            tuple(d.uuid for d in cp.devices), reqs[cp.container]
+                            tuple(d.uuid for d in cp.devices), reqs.requests[cp.container]
                         )
                         for cp in r.containers
                     },

@@ -3,7 +3,8 @@
 Nodes and pods are kept in memory by list+watch (one daemon thread each, relisting on
 HTTP 410 or any error after a short pause); ``node()`` merges a node's inventory
 annotation with the annotations of its pods and pending reservations
-(``sharing.placement.view``).
+(``sharing.placement.view``), and its allocatable CPU/memory with the requests of every
+pod bound to it, so the policy scores host resources as the trace replay does.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from typing import Any
 
 from kubernetes import client as k8s
@@ -22,6 +24,7 @@ from gpu_share.kube.client import KubeTimeouts, access_error, call_json
 from gpu_share.sharing.annotations import AnnotationError, InventoryAnnotation, inventory_key
 from gpu_share.sharing.placement import NodeSlots, Shape, Workload
 from gpu_share.sharing.placement.view import Usage, node_slots, pod_usage
+from gpu_share.sharing.quantity import QuantityError, cpu_milli, memory_mib, pod_host_request
 
 log = logging.getLogger(__name__)
 PENDING_TTL_S = 120.0  # a reservation the watch never confirmed is dropped after this
@@ -59,9 +62,11 @@ class KubeClusterView:
         self._clock = clock
         self._lock = threading.Lock()
         self._nodes: dict[str, InventoryAnnotation] = {}
-        self._pods: dict[str, dict[str, Any]] = {}  # uid -> pod object (bound, not terminal)
-        self._pending: dict[str, tuple[str, Usage, float]] = {}
-        self._wl: tuple[tuple[tuple[tuple[int, int], int], ...], Workload] | None = None
+        self._alloc: dict[str, tuple[int | None, int | None]] = {}  # node -> cpu m, memory Mi
+        self._pods: dict[str, dict[str, Any]] = {}  # uid -> pod object using our resources
+        self._host: dict[str, tuple[str, int, int]] = {}  # uid -> node, cpu m, memory Mi
+        self._pending: dict[str, tuple[str, Usage, tuple[int, int], float]] = {}
+        self._wl: tuple[tuple[tuple[tuple[int, int, int, int], int], ...], Workload] | None = None
         self._stop = threading.Event()
         self._synced = {"nodes": threading.Event(), "pods": threading.Event()}
 
@@ -80,26 +85,43 @@ class KubeClusterView:
                     ann = (p.get("metadata") or {}).get("annotations") or {}
                     usages.append(pod_usage(ann, self._domain, totals))
                     counted.add(uid)
+            cpu_used = mem_used = 0
+            for n, c, m in self._host.values():
+                if n == name:
+                    cpu_used, mem_used = cpu_used + c, mem_used + m
             # A bind's reservation counts until the watch shows the pod bound here (the
             # annotated-but-unbound pod, seen between patch and binding, counts nowhere).
-            for uid, (n, u, at) in list(self._pending.items()):
+            for uid, (n, u, (c, m), at) in list(self._pending.items()):
                 if now - at > PENDING_TTL_S:
                     del self._pending[uid]
                 elif n == name and uid not in counted:
                     usages.append(u)
-            return node_slots(inv, usages)
+                    if uid not in self._host:
+                        cpu_used, mem_used = cpu_used + c, mem_used + m
+            slots = node_slots(inv, usages)
+            cpu, mem = self._alloc.get(name, (None, None))
+            return replace(
+                slots,
+                cpu_free=None if cpu is None else cpu - cpu_used,
+                host_memory_free=None if mem is None else mem - mem_used,
+            )
 
     def workload(self) -> Workload:
         """Requests of pods seen (bound or pending), else the configured default mix."""
         with self._lock:
-            counts: dict[tuple[int, int], int] = {}
+            counts: dict[tuple[int, int, int, int], int] = {}
             for p in self._pods.values():
-                for r in self._requests(p):
-                    counts[r] = counts.get(r, 0) + 1
+                cpu, mem = _host_request(p)
+                for m, c in self._requests(p):
+                    counts[(m, c, cpu, mem)] = counts.get((m, c, cpu, mem), 0) + 1
             key = tuple(sorted(counts.items()))
             # Same mix, same object: the policy built on it keeps its memo across requests.
             if self._wl is None or self._wl[0] != key:
-                wl = Workload(Shape(m, c, float(n)) for (m, c), n in key) if key else self._default
+                wl = (
+                    Workload(Shape(m, c, float(n), cpu, mem) for (m, c, cpu, mem), n in key)
+                    if key
+                    else self._default
+                )
                 self._wl = (key, wl)
             return self._wl[1]
 
@@ -108,7 +130,8 @@ class KubeClusterView:
             p = self._pods.get(pod_uid)
             bound = p is not None and (p.get("spec") or {}).get("nodeName") == node
             if not (bound and self._has_own_annotation(p or {})):
-                self._pending[pod_uid] = (node, dict(shares), self._clock())
+                host = _host_request(p) if p is not None else (0, 0)
+                self._pending[pod_uid] = (node, dict(shares), host, self._clock())
 
     def pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         op = f"get pod {namespace}/{name}"
@@ -172,12 +195,20 @@ class KubeClusterView:
                         log.warning("node %s: %s", name, e)
                 if inv is None:
                     self._nodes.pop(name, None)
+                    self._alloc.pop(name, None)
                 else:
                     self._nodes[name] = inv
+                    self._alloc[name] = _allocatable(obj)
                 return
             uid = str(meta.get("uid", ""))
             phase = (obj.get("status") or {}).get("phase")
-            bound = bool((obj.get("spec") or {}).get("nodeName"))
+            node = str((obj.get("spec") or {}).get("nodeName") or "")
+            bound = bool(node)
+            # Host requests of every bound pod, ours or not: they share the node's CPU.
+            if etype == "DELETED" or phase in ("Succeeded", "Failed") or not bound:
+                self._host.pop(uid, None)
+            else:
+                self._host[uid] = (node, *_host_request(obj))
             if etype == "DELETED" or phase in ("Succeeded", "Failed") or not self._requests(obj):
                 self._pods.pop(uid, None)
                 self._pending.pop(uid, None)
@@ -192,8 +223,10 @@ class KubeClusterView:
         with self._lock:
             if what == "nodes":
                 self._nodes.clear()
+                self._alloc.clear()
             else:
                 self._pods.clear()
+                self._host.clear()
         for item in page.get("items") or ():
             self._apply(what, "ADDED", item)
         self._synced[what].set()
@@ -237,6 +270,26 @@ class KubeClusterView:
                 log.warning("watch %s: %r; relisting", what, e)
                 rv = ""
                 self._stop.wait(2.0)
+
+
+def _host_request(pod: Mapping[str, Any]) -> tuple[int, int]:
+    try:
+        return pod_host_request(pod)
+    except QuantityError as e:  # the API server validates quantities; be safe anyway
+        log.warning("pod %s: %s", (pod.get("metadata") or {}).get("name"), e)
+        return (0, 0)
+
+
+def _allocatable(node: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    """The node's allocatable CPU (millicores) and memory (MiB); None = not reported."""
+    alloc = (node.get("status") or {}).get("allocatable") or {}
+    try:
+        cpu = cpu_milli(alloc["cpu"], up=False) if "cpu" in alloc else None
+        mem = memory_mib(alloc["memory"], up=False) if "memory" in alloc else None
+    except QuantityError as e:
+        log.warning("node %s: %s", (node.get("metadata") or {}).get("name"), e)
+        return (None, None)
+    return (cpu, mem)
 
 
 class KubeBinder:

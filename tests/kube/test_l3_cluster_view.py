@@ -1,0 +1,106 @@
+"""L3: the extender's cluster view on a real kube-apiserver + etcd: host CPU/memory of a
+node = its allocatable minus the requests of every pod bound to it (ours or not), plus
+bind reservations until the watch shows the pod."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from kube_fakes import ApiServer
+from kubernetes import client as k8s
+
+from gpu_share.kube.client import make_api_client
+from gpu_share.kube.cluster_view import KubeClusterView
+from gpu_share.sharing.annotations import InventoryAnnotation, InventoryDevice, inventory_key
+from gpu_share.sharing.placement import NodeSlots, Shape, Workload
+
+pytestmark = pytest.mark.apiserver
+
+MEM, CORE = "vendor.com/vcuda-memory", "vendor.com/vcuda-core"
+
+
+def until(cond: Callable[[], Any], timeout: float = 15.0) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = cond()
+        if last:
+            return last
+        time.sleep(0.05)
+    raise AssertionError(f"condition not met in {timeout}s (last: {last!r})")
+
+
+@pytest.fixture
+def env(apiserver: ApiServer) -> Iterator[tuple[k8s.CoreV1Api, str, str, KubeClusterView]]:
+    api = make_api_client(apiserver.kubeconfig)
+    core = k8s.CoreV1Api(api)
+    tag = uuid.uuid4().hex[:6]
+    ns, node = f"cv-{tag}", f"cv-node-{tag}"
+    core.create_namespace({"metadata": {"name": ns}})
+    core.create_namespaced_service_account(ns, {"metadata": {"name": "default"}})
+    inv = InventoryAnnotation(
+        node, 1024, (InventoryDevice("GPU-0", 0, "T4", 16, 0, 100, 0, True, 0),)
+    )
+    core.create_node(
+        {"metadata": {"name": node, "annotations": {inventory_key("vendor.com"): inv.encode()}}}
+    )
+    alloc = {"cpu": "8", "memory": "32Gi", "pods": "110", MEM: "16", CORE: "100"}
+    core.patch_node_status(node, {"status": {"capacity": alloc, "allocatable": alloc}})
+    view = KubeClusterView(
+        api,
+        domain="vendor.com",
+        memory_resource=MEM,
+        core_resource=CORE,
+        default_workload=Workload([Shape(4, 30, 1.0)]),
+    )
+    view.start()
+    assert view.wait_synced(15)
+    try:
+        yield core, ns, node, view
+    finally:
+        view.stop()
+        core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
+        core.delete_node(node)
+
+
+def _pod(name: str, node: str | None, cpu: str, mem: str, gpu: bool = False) -> dict[str, Any]:
+    res: dict[str, Any] = {"requests": {"cpu": cpu, "memory": mem}}
+    if gpu:
+        res["limits"] = {MEM: "4", CORE: "30"}
+    spec: dict[str, Any] = {"containers": [{"name": "c", "image": "busybox", "resources": res}]}
+    if node:
+        spec["nodeName"] = node
+    return {"metadata": {"name": name}, "spec": spec}
+
+
+def _host(view: KubeClusterView, node: str) -> tuple[int | None, int | None]:
+    n: NodeSlots | None = view.node(node)
+    assert n is not None
+    return (n.cpu_free, n.host_memory_free)
+
+
+def test_host_resources_follow_bound_pods_and_reservations(
+    env: tuple[k8s.CoreV1Api, str, str, KubeClusterView],
+) -> None:
+    core, ns, node, view = env
+    until(lambda: _host(view, node) == (8000, 32768))
+    # A GPU-free pod bound to the node takes CPU/memory the GPU pods can no longer use.
+    core.create_namespaced_pod(ns, _pod("plain", node, "1500m", "2Gi"))
+    until(lambda: _host(view, node) == (6500, 30720))
+    # A pending GPU pod reserved by a bind counts at once, then once the watch binds it.
+    uid = core.create_namespaced_pod(ns, _pod("gpu", None, "2", "1Gi", gpu=True)).metadata.uid
+    until(lambda: uid in view._pods)  # the view saw the pending pod
+    view.reserve(uid, node, {"GPU-0": (4, 30)})
+    assert _host(view, node) == (4500, 29696)
+    n = view.node(node)
+    assert n is not None and (n.devices[0].memory_free, n.devices[0].cores_free) == (12, 70)
+    # The workload the fgd policy sees carries the pod's host needs.
+    shapes = {(s.memory_units, s.cores, s.cpu, s.host_memory) for s in view.workload().shapes}
+    assert (4, 30, 2000, 1024) in shapes
+    # Deleting the plain pod gives its share back.
+    core.delete_namespaced_pod("plain", ns, grace_period_seconds=0)
+    until(lambda: _host(view, node) == (6000, 31744))
