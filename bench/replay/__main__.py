@@ -58,6 +58,11 @@ def main(argv: list[str] | None = None) -> int:
         help="print tables and plots from <out>/results.jsonl of an earlier run",
     )
     ap.add_argument(
+        "--markdown",
+        action="store_true",
+        help="with --report-only: also print the summary tables of docs/placement.md",
+    )
+    ap.add_argument(
         "--resume",
         action="store_true",
         help="keep <out>/results.jsonl and run only the runs it lacks",
@@ -82,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     log = out / "results.jsonl"  # one line per finished run: a long run never loses work
     if a.report_only:
         report(_read(log), out)
+        if a.markdown:
+            markdown(_read(log))
         return 0
     done = _read(log) if a.resume else []
     if not a.resume:
@@ -148,6 +155,41 @@ def report(results: list[dict[str, Any]], out: Path) -> None:
             )
         plot(tr, {k: v for k, v in groups.items() if k[0] == tr}, out)
     sys.stdout.flush()
+
+
+def _at(r: dict[str, Any], cp: int) -> float:
+    alloc = r["allocation"]
+    return float(alloc[str(cp)] if str(cp) in alloc else alloc.get(cp, float("nan")))
+
+
+def markdown(results: list[dict[str, Any]]) -> None:
+    """Allocation % at 100 % arrived per trace, policy and tie-break (mean of seeds)."""
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for r in results:
+        groups.setdefault((str(r["trace"]), str(r["policy"]), str(r["tie"])), []).append(r)
+    cols = [(p, t) for p in POLICIES for t in TIES]
+    print("\n| trace | seeds | " + " | ".join(f"{p} {t[:4]}." for p, t in cols) + " |")
+    print("|---|---|" + "---|" * len(cols))
+    for tr in sorted({k[0] for k in groups}):
+        cells, seeds = [], set()
+        for p, t in cols:
+            rs = groups.get((tr, p, t), [])
+            if rs:
+                seeds.add(len(rs))
+            cells.append(f"{statistics.fmean(_at(r, 100) for r in rs):.2f}" if rs else "-")
+        n = "/".join(str(x) for x in sorted(seeds))
+        print(f"| {tr} | {n} | " + " | ".join(cells) + " |")
+    print("\n| trace | ties | fgd at 90 / 95 / 100 / 110 / 130 % arrived | p50 ms | p99 ms |")
+    print("|---|---|---|---|---|")
+    for (tr, p, t), rs in sorted(groups.items()):
+        if p != "fgd":
+            continue
+        at = " / ".join(
+            f"{statistics.fmean(_at(r, c) for r in rs):.2f}" for c in (90, 95, 100, 110, 130)
+        )
+        p50 = statistics.median(float(r["p50_ms"]) for r in rs)
+        p99 = statistics.median(float(r["p99_ms"]) for r in rs)
+        print(f"| {tr} | {t} | {at} | {p50:.1f} | {p99:.1f} |")
 
 
 def plot(tr: str, groups: dict[tuple[str, str, str], list[dict[str, Any]]], out: Path) -> None:
