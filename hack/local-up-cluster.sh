@@ -92,7 +92,15 @@ start() {
   fi
   mkdir -p "${LOG_DIR}" "${RUN_DIR}"
   echo "=== $(date -u +%FT%TZ) starting: $*" >>"${LOG_DIR}/${name}.log"
-  setsid "$@" </dev/null >>"${LOG_DIR}/${name}.log" 2>&1 &
+  # Inherited descriptors are closed first: a caller's lock (flock 9 in hack/demo.sh, or
+  # `flock LOCK cmd`) must not be held by the daemons for as long as the cluster runs.
+  (
+    for fd in /proc/"${BASHPID}"/fd/*; do
+      fd=${fd##*/}
+      if [[ "$fd" -gt 2 ]]; then eval "exec ${fd}>&-" 2>/dev/null || true; fi
+    done
+    exec setsid "$@" </dev/null >>"${LOG_DIR}/${name}.log" 2>&1
+  ) &
   echo $! >"${RUN_DIR}/${name}.pid"
   log "started ${name} (pid $!, log ${LOG_DIR}/${name}.log)"
 }
