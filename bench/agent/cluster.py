@@ -47,6 +47,7 @@ from bench.agent.stats import (
     rss_mib_from_status,
     series,
 )
+from tests.support.host_agent import agent_argv
 
 MEM = "vendor.com/vcuda-memory"
 PEER_RESOURCE = "example.com/resource"
@@ -381,25 +382,7 @@ def subjects(env: Env, peer_bin: str, work: Path, devices: int, metrics_port: in
         "gpu-share",
         MEM,
         units,
-        [
-            sys.executable,
-            "-m",
-            "gpu_share.cli.plugin_main",
-            "--backend",
-            "dummy",
-            "--node-name",
-            env.node,
-            "--device-plugin-dir",
-            env.dp_dir,
-            "--pod-resources-socket",
-            env.pr_socket,
-            "--state-dir",
-            str(work / "state"),
-            "--metrics-port",
-            str(metrics_port),
-            "--log-format",
-            "text",
-        ],
+        agent_argv(env.node, env.dp_dir, env.pr_socket, str(work / "state"), metrics_port),
         {
             "GPU_SHARE_DUMMY__DEVICE_COUNT": str(devices),
             "GPU_SHARE_DUMMY__MEMORY_MIB": "16384",

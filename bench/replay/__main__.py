@@ -114,6 +114,23 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+Groups = dict[tuple[str, str, str], list[dict[str, Any]]]
+
+
+def _groups(results: list[dict[str, Any]]) -> Groups:
+    """Runs by (trace, policy, tie-break)."""
+    out: Groups = {}
+    for r in results:
+        out.setdefault((str(r["trace"]), str(r["policy"]), str(r["tie"])), []).append(r)
+    return out
+
+
+def _at(r: dict[str, Any], cp: int) -> float:
+    """Allocation % of run ``r`` at checkpoint ``cp`` (JSON turned the keys into text)."""
+    alloc = r["allocation"]
+    return float(alloc[str(cp)] if str(cp) in alloc else alloc.get(cp, float("nan")))
+
+
 def _read(log: Path) -> list[dict[str, Any]]:
     if not log.exists():
         return []
@@ -121,9 +138,7 @@ def _read(log: Path) -> list[dict[str, Any]]:
 
 
 def report(results: list[dict[str, Any]], out: Path) -> None:
-    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
-    for r in results:
-        groups.setdefault((str(r["trace"]), str(r["policy"]), str(r["tie"])), []).append(r)
+    groups = _groups(results)
     cps = sim.CHECKPOINTS
     for tr in sorted({k[0] for k in groups}):
         print(f"\n== {tr}: GPU allocation % at arrived % (mean of seeds)")
@@ -135,17 +150,7 @@ def report(results: list[dict[str, Any]], out: Path) -> None:
         for (t, pol, tie), rs in sorted(groups.items()):
             if t != tr:
                 continue
-            means = []
-            for c in cps:
-                vals = [
-                    float(
-                        r["allocation"][str(c)]
-                        if str(c) in r["allocation"]
-                        else r["allocation"].get(c, float("nan"))
-                    )
-                    for r in rs
-                ]
-                means.append(statistics.fmean(vals))
+            means = [statistics.fmean(_at(r, c) for r in rs) for c in cps]
             p50 = statistics.fmean(float(r["p50_ms"]) for r in rs)
             p99 = max(float(r["p99_ms"]) for r in rs)
             print(
@@ -157,16 +162,9 @@ def report(results: list[dict[str, Any]], out: Path) -> None:
     sys.stdout.flush()
 
 
-def _at(r: dict[str, Any], cp: int) -> float:
-    alloc = r["allocation"]
-    return float(alloc[str(cp)] if str(cp) in alloc else alloc.get(cp, float("nan")))
-
-
 def markdown(results: list[dict[str, Any]]) -> None:
     """Allocation % at 100 % arrived per trace, policy and tie-break (mean of seeds)."""
-    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
-    for r in results:
-        groups.setdefault((str(r["trace"]), str(r["policy"]), str(r["tie"])), []).append(r)
+    groups = _groups(results)
     cols = [(p, t) for p in POLICIES for t in TIES]
     print("\n| trace | seeds | " + " | ".join(f"{p} {t[:4]}." for p, t in cols) + " |")
     print("|---|---|" + "---|" * len(cols))
@@ -192,7 +190,7 @@ def markdown(results: list[dict[str, Any]]) -> None:
         print(f"| {tr} | {t} | {at} | {p50:.1f} | {p99:.1f} |")
 
 
-def plot(tr: str, groups: dict[tuple[str, str, str], list[dict[str, Any]]], out: Path) -> None:
+def plot(tr: str, groups: Groups, out: Path) -> None:
     try:
         import matplotlib
 

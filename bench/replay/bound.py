@@ -43,11 +43,10 @@ def pack(shares: list[int], size: int = trace.GPU_MILLI) -> list[tuple[int, int]
 
 def estimate(pods: list[trace.TracePod], devices: int) -> dict[str, float]:
     cap = devices * trace.GPU_MILLI
-    arrived = pods
-    shares = [p.gpu_milli for p in arrived if p.num_gpu == 1 and p.gpu_milli < trace.GPU_MILLI]
-    whole = sum(p.num_gpu for p in arrived if p.gpu_milli >= trace.GPU_MILLI)
+    shares = [p.gpu_milli for p in pods if p.num_gpu == 1 and p.gpu_milli < trace.GPU_MILLI]
+    whole = sum(p.num_gpu for p in pods if p.gpu_milli >= trace.GPU_MILLI)
     bins = pack(shares)
-    asked = sum(p.gpu_request for p in arrived)
+    asked = sum(p.gpu_request for p in pods)
     used = len(bins) + whole
     waste = sum(f for _, f in bins)
     big = sum(f for top, f in bins if top > trace.GPU_MILLI // 2)

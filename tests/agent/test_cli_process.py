@@ -6,7 +6,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import urllib.request
 from collections.abc import Iterator
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.host_agent import agent_argv
 from tests.support.kubelet_stub import FakePodResources, KubeletStub, wait_until
 
 
@@ -39,23 +39,7 @@ def _spawn(d: Path, *extra: str, env_extra: dict[str, str] | None = None) -> sub
     )
     return subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "gpu_share.cli.plugin_main",
-            "--backend",
-            "dummy",
-            "--node-name",
-            "n1",
-            "--device-plugin-dir",
-            str(d / "dp"),
-            "--pod-resources-socket",
-            str(d / "pr.sock"),
-            "--state-dir",
-            str(d / "state"),
-            "--metrics-port",
-            "0",
-            "--log-format",
-            "text",
+            *agent_argv("n1", str(d / "dp"), str(d / "pr.sock"), str(d / "state"), 0),
             *extra,
         ],
         env=env,

@@ -50,16 +50,7 @@ def test_story6_device_fault_withdraws_units_then_recovers(agent: Kube, namespac
         )
         # Three devices of 16 units are left: 6 pods x 8 units fill them exactly.
         agent.apply(pod(f"p{i}", namespace, [container("main", 8, 10)]) for i in range(6))
-        agent.kubectl(
-            "-n",
-            namespace,
-            "wait",
-            "--for=condition=Ready",
-            "pod",
-            "--all",
-            "--timeout=180s",
-            timeout=200,
-        )
+        agent.wait_ready(namespace, 180)
         for p in agent.pods(namespace):
             ann = wait_until(
                 "annotation",

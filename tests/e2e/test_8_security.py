@@ -168,16 +168,7 @@ def test_story8_forged_assignment_annotation_gains_nothing(agent: Kube, namespac
     assert inv[victim]["cores"]["used"] == 0
     agent.kubectl("-n", namespace, "delete", "pod", "greedy", "--wait=true", timeout=120)
     agent.apply(pod(f"big-{i}", namespace, [container("main", 15, 100)]) for i in range(4))
-    agent.kubectl(
-        "-n",
-        namespace,
-        "wait",
-        "--for=condition=Ready",
-        "pod",
-        "--all",
-        "--timeout=180s",
-        timeout=200,
-    )
+    agent.wait_ready(namespace, 180)
     devs = {
         d["id"]
         for i in range(4)

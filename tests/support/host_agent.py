@@ -13,6 +13,31 @@ from collections.abc import Mapping
 from pathlib import Path
 
 
+def agent_argv(
+    node: str, dp_dir: str, pr_socket: str, state_dir: str, metrics_port: int | str
+) -> list[str]:
+    """``gpu-share-plugin`` on the dummy backend, from this interpreter (text logs)."""
+    return [
+        sys.executable,
+        "-m",
+        "gpu_share.cli.plugin_main",
+        "--backend",
+        "dummy",
+        "--node-name",
+        node,
+        "--device-plugin-dir",
+        dp_dir,
+        "--pod-resources-socket",
+        pr_socket,
+        "--state-dir",
+        state_dir,
+        "--metrics-port",
+        str(metrics_port),
+        "--log-format",
+        "text",
+    ]
+
+
 def ready(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2) as resp:
@@ -56,25 +81,13 @@ class HostAgent:
         )
         log = open(self.workdir / "agent.log", "ab")  # noqa: SIM115 - owned by the process
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gpu_share.cli.plugin_main",
-                "--backend",
-                "dummy",
-                "--node-name",
+            agent_argv(
                 self.cluster_env["NODE_NAME"],
-                "--device-plugin-dir",
                 self.cluster_env["DEVICE_PLUGIN_DIR"],
-                "--pod-resources-socket",
                 self.cluster_env["POD_RESOURCES_SOCKET"],
-                "--state-dir",
                 str(self.workdir / "state"),
-                "--metrics-port",
-                str(self.metrics_port),
-                "--log-format",
-                "text",
-            ],
+                self.metrics_port,
+            ),
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,

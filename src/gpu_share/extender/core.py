@@ -20,7 +20,7 @@ from gpu_share.sharing.placement import (
     PodDemand,
     evaluate_node,
 )
-from gpu_share.sharing.quantity import QuantityError, pod_host_request
+from gpu_share.sharing.quantity import pod_host_request
 
 MAX_PRIORITY = 10  # extenderv1.MaxExtenderPriority
 
@@ -66,11 +66,8 @@ class PodAsk:
 
 
 def pod_ask(pod: Mapping[str, Any], names: ResourceNames) -> PodAsk:
-    try:
-        cpu, mem = pod_host_request(pod)
-    except QuantityError as e:
-        raise ValueError(str(e)) from e
-    return PodAsk(pod_requests(pod, names), cpu, mem)
+    """Raises ValueError (QuantityError is one) on a malformed quantity."""
+    return PodAsk(pod_requests(pod, names), *pod_host_request(pod))
 
 
 def to_demand(ask: PodAsk) -> PodDemand:

@@ -64,7 +64,9 @@ class KubeClusterView:
         self._nodes: dict[str, InventoryAnnotation] = {}
         self._alloc: dict[str, tuple[int | None, int | None]] = {}  # node -> cpu m, memory Mi
         self._pods: dict[str, dict[str, Any]] = {}  # uid -> pod object using our resources
-        self._host: dict[str, tuple[str, int, int]] = {}  # uid -> node, cpu m, memory Mi
+        # node -> uid -> (cpu m, memory Mi) of every bound pod; by node, as filter reads it
+        self._host: dict[str, dict[str, tuple[int, int]]] = {}
+        self._host_node: dict[str, str] = {}  # uid -> node, to drop a pod from _host
         self._pending: dict[str, tuple[str, Usage, tuple[int, int], float]] = {}
         self._wl: tuple[tuple[tuple[tuple[int, int, int, int], int], ...], Workload] | None = None
         self._stop = threading.Event()
@@ -85,10 +87,9 @@ class KubeClusterView:
                     ann = (p.get("metadata") or {}).get("annotations") or {}
                     usages.append(pod_usage(ann, self._domain, totals))
                     counted.add(uid)
-            cpu_used = mem_used = 0
-            for n, c, m in self._host.values():
-                if n == name:
-                    cpu_used, mem_used = cpu_used + c, mem_used + m
+            on_node = self._host.get(name, {})
+            cpu_used = sum(c for c, _ in on_node.values())
+            mem_used = sum(m for _, m in on_node.values())
             # A bind's reservation counts until the watch shows the pod bound here (the
             # annotated-but-unbound pod, seen between patch and binding, counts nowhere).
             for uid, (n, u, (c, m), at) in list(self._pending.items()):
@@ -96,7 +97,7 @@ class KubeClusterView:
                     del self._pending[uid]
                 elif n == name and uid not in counted:
                     usages.append(u)
-                    if uid not in self._host:
+                    if uid not in on_node:
                         cpu_used, mem_used = cpu_used + c, mem_used + m
             slots = node_slots(inv, usages)
             cpu, mem = self._alloc.get(name, (None, None))
@@ -205,10 +206,12 @@ class KubeClusterView:
             node = str((obj.get("spec") or {}).get("nodeName") or "")
             bound = bool(node)
             # Host requests of every bound pod, ours or not: they share the node's CPU.
-            if etype == "DELETED" or phase in ("Succeeded", "Failed") or not bound:
-                self._host.pop(uid, None)
-            else:
-                self._host[uid] = (node, *_host_request(obj))
+            old = self._host_node.pop(uid, None)
+            if old is not None:
+                self._host[old].pop(uid, None)
+            if etype != "DELETED" and phase not in ("Succeeded", "Failed") and bound:
+                self._host.setdefault(node, {})[uid] = _host_request(obj)
+                self._host_node[uid] = node
             if etype == "DELETED" or phase in ("Succeeded", "Failed") or not self._requests(obj):
                 self._pods.pop(uid, None)
                 self._pending.pop(uid, None)
@@ -227,6 +230,7 @@ class KubeClusterView:
             else:
                 self._pods.clear()
                 self._host.clear()
+                self._host_node.clear()
         for item in page.get("items") or ():
             self._apply(what, "ADDED", item)
         self._synced[what].set()

@@ -14,11 +14,9 @@ import random
 import threading
 from collections.abc import Iterator, Mapping
 from datetime import datetime
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from kubernetes import client as k8s
-from kubernetes.utils import parse_quantity
 
 from gpu_share.config.model import ResourcesConfig
 from gpu_share.errors import KubeAccessError
@@ -29,10 +27,9 @@ from gpu_share.kube.client import (
     call_json,
 )
 from gpu_share.sharing.model import ContainerKind, ContainerRequest, ContainerView, PodView
+from gpu_share.sharing.quantity import QuantityError, parse_quantity
 
 log = logging.getLogger(__name__)
-
-_parse_quantity: Any = parse_quantity  # untyped in the kubernetes package
 
 __all__ = ["KubePodSource", "NodePodCache", "pod_view_from_dict", "pod_view_from_v1"]
 
@@ -46,14 +43,14 @@ def _quantity(value: Any) -> int:
     if value is None:
         return 0
     try:
-        q = _parse_quantity(value)
-    except (ValueError, TypeError, InvalidOperation):
+        q = parse_quantity(value)
+    except QuantityError:
         log.warning("ignoring unparseable resource quantity %r", value)
         return 0
-    if q < 0 or q != q.to_integral_value():
+    if q < 0 or q.denominator != 1:
         log.warning("ignoring non-integer resource quantity %r", value)
         return 0
-    return int(Decimal(q))
+    return int(q)
 
 
 def _amount(resources: Mapping[str, Any] | None, name: str) -> int:
