@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import http.client
 import json
+import socket
 import threading
+import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -113,6 +116,15 @@ def post(url: str, body: object) -> Any:
         return json.loads(r.read())
 
 
+def post_raw(url: str, body: bytes) -> tuple[int, Any]:
+    req = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
 def test_filter_removes_nodes_without_a_single_fitting_device(served: Any) -> None:
     url, _, _ = served
     got = post(url + "/filter", {"Pod": kpod(12, 30), "NodeNames": ["a", "b", "zz"]})
@@ -198,9 +210,184 @@ def test_host_cpu_and_memory_count_like_the_replay(served: Any) -> None:
     assert "insufficient memory (1024Mi free, 2048Mi requested)" in got["FailedNodes"]["d"]
 
 
-def test_unparseable_host_quantity_is_a_filter_error(served: Any) -> None:
+def test_unparseable_host_quantity_is_a_bad_request(served: Any) -> None:
     url, _, _ = served
     pod = kpod(4, 30)
     pod["spec"]["containers"][1]["resources"]["requests"]["cpu"] = "lots"
-    got = post(url + "/filter", {"Pod": pod, "NodeNames": ["a"]})
-    assert "not a quantity" in got["Error"]
+    code, got = post_raw(url + "/filter", json.dumps({"Pod": pod, "NodeNames": ["a"]}).encode())
+    assert code == 400
+    assert got["Error"] == (
+        "Pod.spec.containers[1].resources.requests['cpu']: not a quantity: 'lots'"
+    )
+
+
+# -- malformed requests (issue 11, item 1): 400 with a short reason, never 500 ----------
+
+def raw_exchange(url: str, data: bytes, timeout: float = 10) -> tuple[int, dict[str, str], bytes]:
+    """Send raw bytes; one answer (status, lower-cased headers, body)."""
+    port = int(url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(data)
+        f = s.makefile("rb")
+        code = int(f.readline().split(b" ", 2)[1])
+        headers = {k.lower(): v for k, v in http.client.parse_headers(f).items()}
+        return code, headers, f.read(int(headers["content-length"]))
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (b'{"Pod": {}, "NodeNames": [NaN]}', "NaN is not valid JSON"),
+        (b'{"Pod": {}, "NodeNames": ["a"], "x": -Infinity}', "-Infinity is not valid JSON"),
+        (b'{"Pod": "x", "NodeNames": ["a"]}', "Pod: must be an object, got str"),
+        (b'{"Pod": {}, "NodeNames": 5}', "NodeNames: must be a list, got int"),
+        (b'{"Pod": {}, "NodeNames": [5]}', "NodeNames[0]: must be a string, got int"),
+        (b'{"Pod": {}, "Nodes": {"items": [{}]}}',
+         "Nodes.items[0].metadata: must be an object, got null"),
+        (b'{"Pod": {}, "Nodes": {"items": [{"metadata": {"name": 1}}]}}',
+         "Nodes.items[0].metadata.name: must be a string, got int"),
+        (b'{"Pod": {}, "Nodes": []}', "Nodes: must be an object, got list"),
+        (b'{"Pod": {"spec": {"containers": "x"}}}',
+         "Pod.spec.containers: must be a list, got str"),
+        (b'{"Pod": {"spec": {"containers": [{"resources": {"limits": []}}]}}}',
+         "Pod.spec.containers[0].resources.limits: must be an object, got list"),
+        (b'{"Pod": {"spec": {"containers": [{"resources": {"limits": {"cpu": "1e999999999"}}}]}}}',
+         "Pod.spec.containers[0].resources.limits['cpu']: not a quantity: '1e999999999'"),
+        (b'{"Pod": {"metadata": {"uid": 7}}}', "Pod.metadata.uid: must be a string, got int"),
+        (b'{"Pod": {"metadata": []}}', "Pod.metadata: must be an object, got list"),
+        (b"[]", "body: must be an object, got list"),
+        (b"\xff\xfe{}", "body is not UTF-8"),
+        (b"[" * 100_000, "JSON nested deeper than 64 levels"),
+        (b'{"Pod": ' * 65 + b"{}" + b"}" * 65, "JSON nested deeper than 64 levels"),
+        (b'{"Pod": {}, "NodeNames": [1' + b"0" * 5000 + b"]}", "bad JSON: Exceeds the limit"),
+        (b"not json", "bad JSON: Expecting value: line 1 column 1 (char 0)"),
+        # Unterminated, full of escaped quotes: quadratic for a string-skipping regex.
+        (b'"' + b'\\"' * 1_000_000, "bad JSON: Unterminated string starting at"),
+    ],
+)
+def test_malformed_filter_is_400_with_a_reason(served: Any, body: bytes, reason: str) -> None:
+    url, _, _ = served
+    for route in ("/filter", "/prioritize"):
+        code, got = post_raw(url + route, body)
+        assert code == 400 and got["Error"].startswith(reason), (route, got)
+
+
+@pytest.mark.parametrize(
+    ("args", "reason"),
+    [
+        ({"PodName": 5, "PodNamespace": "ns", "PodUID": "u", "Node": "a"},
+         "PodName: must be a string, got int"),
+        ({"PodName": "p", "PodNamespace": "ns", "PodUID": "u"}, "Node: must be a string, got null"),
+        ({"PodName": "p", "PodNamespace": ["ns"], "PodUID": "u", "Node": "a"},
+         "PodNamespace: must be a string, got list"),
+        ({"PodName": "p" * 300, "PodNamespace": "ns", "PodUID": "u", "Node": "a"},
+         "PodName: longer than 253 characters"),
+    ],
+)
+def test_malformed_bind_is_400_and_binds_nothing(
+    served: Any, args: dict[str, Any], reason: str
+) -> None:
+    url, _, binder = served
+    code, got = post_raw(url + "/bind", json.dumps(args).encode())
+    assert code == 400 and got["Error"].startswith(reason) and binder.calls == []
+
+
+def test_reasons_never_echo_unbounded_input(served: Any) -> None:
+    url, _, _ = served
+    big = "A" * 1_000_000
+    for route, body in [
+        ("/filter", {"Pod": {"spec": {"containers": [{"resources": {"limits": {big: big}}}]}}}),
+        ("/filter", {"Pod": {}, "NodeNames": [big]}),
+        ("/bind", {"PodName": big, "PodNamespace": "ns", "PodUID": "u", "Node": "a"}),
+        ("/" + big[:10_000], {}),
+    ]:
+        code, got = post_raw(url + route, json.dumps(body).encode())
+        assert 400 <= code < 500 and len(got["Error"]) <= 300, (route[:20], got["Error"][:80])
+
+
+def test_unknown_route_is_a_fixed_404(served: Any) -> None:
+    url, _, _ = served
+    code, got = post_raw(url + "/" + "x" * 5000, b"{}")
+    assert (code, got) == (404, {"Error": "no such route"})
+
+
+def test_a_bug_answers_500_without_its_details(served: Any, caplog: Any) -> None:
+    url, view, _ = served
+
+    def broken(name: str) -> None:
+        raise RuntimeError("secret internals")
+
+    view.node = broken
+    body = json.dumps({"Pod": kpod(4, 30), "NodeNames": ["a"]}).encode()
+    code, got = post_raw(url + "/filter", body)
+    assert (code, got) == (500, {"Error": "internal error (see the extender log)"})
+    assert "secret internals" in caplog.text
+
+
+def test_body_over_the_cap_is_413_before_it_is_sent(served: Any) -> None:
+    # Before: the server read up to 64 MiB per request into memory.
+    url, _, _ = served
+    code, headers, body = raw_exchange(
+        url, b"POST /filter HTTP/1.1\r\nHost: t\r\nContent-Length: 62914560\r\n\r\n"
+    )
+    assert code == 413 and headers["connection"] == "close"
+    assert json.loads(body) == {
+        "Error": "body of 62914560 bytes is over the limit of 4194304 bytes"
+    }
+
+
+def test_chunked_body_is_refused_and_not_served_as_a_second_request(served: Any) -> None:
+    # Before: no Content-Length was 400 on a kept-alive connection, and the chunk data,
+    # a whole /bind request here, was then served as the next request.
+    url, _, binder = served
+    bind = json.dumps({"PodName": "p", "PodNamespace": "ns", "PodUID": "u", "Node": "a"})
+    inner = (f"POST /bind HTTP/1.1\r\nHost: t\r\nContent-Length: {len(bind)}\r\n\r\n"
+             f"{bind}").encode()
+    port = int(url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"POST /filter HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+                  + f"{len(inner):x}\r\n".encode() + inner + b"\r\n0\r\n\r\n")
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 411 ") and data.count(b"HTTP/1.1") == 1
+    assert binder.calls == []
+
+
+def test_post_without_content_length_is_411(served: Any) -> None:
+    url, _, _ = served
+    code, headers, _ = raw_exchange(url, b"POST /filter HTTP/1.1\r\nHost: t\r\n\r\n")
+    assert code == 411 and headers["connection"] == "close"
+
+
+def test_healthz_names_a_stalled_cluster_view_loop() -> None:
+    """The extender's probes follow its cluster view's watch loops: a loop that stopped
+    beating turns /healthz and /readyz to 503 naming it (before: always 200)."""
+    from gpu_share.observability.loops import LoopSupervisor
+
+    now = [0.0]
+    loops = LoopSupervisor(clock=lambda: now[0])
+    loops.register("watch-pods", max_age_s=60.0)
+    view = FakeView()
+    ext = Extender(
+        ExtenderSettings(ResourceNames(MEM, CORE), "vendor.com", KEY), view, FakeBinder(),
+        lambda v: make_policy("fgd", v.workload()),
+    )
+    server = make_server(ext, "127.0.0.1", 0, liveness=loops.check)
+    t = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    t.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        for path in ("/healthz", "/readyz"):
+            with urllib.request.urlopen(url + path, timeout=10) as r:
+                assert r.status == 200
+        now[0] = 120.0
+        for path in ("/healthz", "/readyz"):
+            with pytest.raises(urllib.error.HTTPError) as info:
+                urllib.request.urlopen(url + path, timeout=10)
+            assert info.value.code == 503
+            assert "watch-pods" in json.loads(info.value.read())["status"]
+    finally:
+        server.shutdown()
+        server.server_close()
+        t.join(timeout=5)

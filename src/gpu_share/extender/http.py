@@ -1,67 +1,100 @@
-"""HTTP front of the extender: stdlib ThreadingHTTPServer (see docs/extender.md for why)."""
+"""HTTP front of the extender, on the bounded server of observability/http.py.
+
+See docs/extender.md ("HTTP stack", "Securing the extender"). Every malformed request
+answers 400 with a short reason (extender/validate.py checks the body before the core
+runs); a bug answers 500 with a fixed message, the details go to the log only.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import ssl
+from collections.abc import Callable, Mapping
+from http import HTTPStatus
 from typing import Any
 
+from gpu_share.extender import validate
 from gpu_share.extender.core import Extender
+from gpu_share.observability.http import BoundedHandler, BoundedServer, ServerLimits
 
 log = logging.getLogger(__name__)
-MAX_BODY = 64 * 1024 * 1024  # NodeNames-only args are small; full Nodes lists can be big
+
+MiB = 2**20
+# NodeNames-only args (nodeCacheCapable, what the chart configures) are a few KiB even
+# for thousands of nodes; full Nodes lists are bigger, hence a configurable cap.
+EXTENDER_LIMITS = ServerLimits(
+    workers=16,
+    queue=64,
+    max_connections=256,
+    read_timeout_s=10.0,
+    idle_timeout_s=30.0,
+    max_body_bytes=4 * MiB,
+)
+INTERNAL_ERROR = "internal error (see the extender log)"
+NOT_FOUND = "no such route"
 
 
-def make_server(extender: Extender, host: str, port: int) -> ThreadingHTTPServer:
-    routes = {
-        "/filter": extender.filter,
-        "/prioritize": extender.prioritize,
-        "/bind": extender.bind,
+def _probe(liveness: Callable[[], bool] | None) -> tuple[bool, str]:
+    if liveness is None:
+        return True, "ok"
+    try:
+        return (True, "ok") if liveness() else (False, "not ok")
+    except Exception as exc:  # a failing probe is "not ok", never a 500
+        return False, f"not ok: {exc}"[:300]
+
+
+def make_server(
+    extender: Extender,
+    host: str,
+    port: int,
+    *,
+    limits: ServerLimits = EXTENDER_LIMITS,
+    ssl_context: ssl.SSLContext | None = None,
+    liveness: Callable[[], bool] | None = None,
+) -> BoundedServer:
+    """The extender's server, bound and not yet serving (``serve_forever``/``start``).
+
+    ``liveness`` backs ``/healthz`` and ``/readyz``: False or an exception (e.g. a
+    cluster-view watch loop that stopped beating) answers 503 with a bounded reason."""
+    routes: dict[str, tuple[Callable[[Any], Mapping[str, Any]], Callable[..., Any]]] = {
+        "/filter": (validate.filter_args, extender.filter),
+        "/prioritize": (validate.filter_args, extender.prioritize),
+        "/bind": (validate.bind_args, extender.bind),
     }
 
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+    class Handler(BoundedHandler):
+        def error_body(self, code: int, reason: str) -> tuple[bytes, str]:
+            return json.dumps({"Error": reason}).encode(), "application/json"
 
-        def log_message(self, format: str, *args: Any) -> None:
-            log.debug("%s " + format, self.address_string(), *args)
-
-        def _send(self, code: int, body: Any) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+        def _json(self, code: int, body: Any) -> None:
+            self.send_body(code, json.dumps(body).encode(), "application/json")
 
         def do_GET(self) -> None:
-            if self.path in ("/healthz", "/readyz"):
-                self._send(200, {"status": "ok"})
+            if self.path.split("?", 1)[0] in ("/healthz", "/readyz"):
+                ok, reason = _probe(liveness)
+                self._json(200 if ok else 503, {"status": reason})
             else:
-                self._send(404, {"Error": "not found"})
+                self._json(404, {"Error": NOT_FOUND})
 
         def do_POST(self) -> None:
-            fn = routes.get(self.path.rstrip("/"))
-            if fn is None:
-                self._send(404, {"Error": f"no route {self.path}"})
+            route = self.path.split("?", 1)[0].rstrip("/")
+            entry = routes.get(route)
+            if entry is None:
+                self._json(404, {"Error": NOT_FOUND})
                 return
-            n = int(self.headers.get("Content-Length") or 0)
-            if n <= 0 or n > MAX_BODY:
-                self._send(413 if n > MAX_BODY else 400, {"Error": "bad body length"})
+            check, fn = entry
+            try:
+                args = check(validate.parse_json(self.body))
+            except validate.BadRequest as e:
+                self._json(400, {"Error": str(e)})
                 return
             try:
-                args = json.loads(self.rfile.read(n))
-                if not isinstance(args, dict):
-                    raise ValueError("body is not a JSON object")
-            except ValueError as e:
-                self._send(400, {"Error": f"bad JSON: {e}"})
+                data = json.dumps(fn(args)).encode()
+            except Exception:  # a bug must not kill the server; the scheduler retries
+                log.exception("extender %s failed", route)
+                self._json(500, {"Error": INTERNAL_ERROR})
                 return
-            try:
-                self._send(200, fn(args))
-            except Exception as e:  # a bug must not kill the server; the scheduler retries
-                log.exception("extender %s failed", self.path)
-                self._send(500, {"Error": f"internal error: {e}"})
+            self.send_body(HTTPStatus.OK, data, "application/json")
 
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
-    return server
+    return BoundedServer(Handler, (host, port), limits, ssl_context=ssl_context, name="extender")

@@ -1,0 +1,208 @@
+"""Threads and RSS of the HTTP servers under idle, half-sent and stalled-upload clients.
+
+    python bench/http_limits.py [--idle 300] [--half 400] [--uploads 8] [--upload-mib 60]
+
+Starts the extender (fake view and binder) and the agent's metrics endpoint in child
+processes on 127.0.0.1 and reads their ``Threads`` and ``VmRSS`` from ``/proc``:
+1. ``--idle`` connections that send nothing (extender);
+2. ``--half`` requests to ``/metrics`` that stop in the middle of the headers;
+3. ``--uploads`` POSTs to ``/filter`` announcing ``--upload-mib`` MiB and sending all but
+   the last byte, then stalling.
+After each step it also times one normal request. Issue 11 figures (before): 300 idle
+connections held 309 threads; 400 half-sent requests 417; 8 stalled 60 MiB uploads took
+RSS from 32 to 273 MiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SERVE = r"""
+import sys, threading
+from gpu_share.extender.core import Extender, ExtenderSettings
+from gpu_share.extender.http import make_server
+from gpu_share.observability.http import start_http
+from gpu_share.observability.metrics import Metrics
+from gpu_share.sharing.model import ResourceNames
+from gpu_share.sharing.placement import make_policy, Workload, Shape
+
+class View:
+    def node(self, n): return None
+    def workload(self): return Workload([Shape(4, 30, 1.0)])
+    def reserve(self, *a): pass
+    def pod(self, ns, n): return None
+
+class Binder:
+    def annotate_and_bind(self, *a): pass
+
+if sys.argv[1] == "extender":
+    names = ResourceNames("vendor.com/vcuda-memory", "vendor.com/vcuda-core")
+    ext = Extender(ExtenderSettings(names, "vendor.com", b"k" * 32), View(), Binder(),
+                   lambda v: make_policy("fgd", v.workload()))
+    srv = make_server(ext, "127.0.0.1", 0)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    port = srv.server_address[1]
+else:
+    port = start_http(Metrics().registry, bind_address="127.0.0.1", port=0).port
+print(port, flush=True)
+sys.stdin.read()
+"""
+
+
+def proc_status(pid: int) -> tuple[int, float]:
+    fields = dict(
+        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+    )
+    return int(fields["Threads"]), int(fields["VmRSS"].split()[0]) / 1024
+
+
+class Child:
+    def __init__(self, kind: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", SERVE, kind],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=ROOT,
+        )
+        assert self.proc.stdout is not None
+        self.port = int(self.proc.stdout.readline())
+        time.sleep(0.5)  # let the server's threads start before the baseline
+
+    def status(self) -> tuple[int, float]:
+        return proc_status(self.proc.pid)
+
+    def close(self) -> str:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        assert self.proc.stderr is not None
+        return self.proc.stderr.read().decode(errors="replace")
+
+
+def timed_request(url: str, body: bytes | None) -> str:
+    t0 = time.monotonic()
+    try:
+        req = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=15) as r:
+            code = r.status
+    except urllib.error.HTTPError as e:
+        code = e.code
+    except OSError as e:
+        return f"failed after {time.monotonic() - t0:.1f} s ({type(e).__name__})"
+    return f"{code} in {time.monotonic() - t0:.2f} s"
+
+
+FILTER = json.dumps({"Pod": {}, "NodeNames": ["a"]}).encode()
+
+
+def connect(port: int) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    s.settimeout(5)
+    return s
+
+
+def idle(n: int) -> None:
+    child = Child("extender")
+    try:
+        base = child.status()
+        socks = [connect(child.port) for _ in range(n)]
+        time.sleep(2)
+        during = child.status()
+        req = timed_request(f"http://127.0.0.1:{child.port}/filter", FILTER)
+        print(f"{n} idle connections (extender): threads {base[0]} -> {during[0]}; "
+              f"a normal /filter meanwhile: {req}")
+        for s in socks:
+            s.close()
+    finally:
+        tail = child.close()
+    print(f"  tracebacks on stderr: {tail.count('Traceback')}")
+
+
+def half_sent(n: int) -> None:
+    child = Child("metrics")
+    try:
+        base = child.status()
+        socks = []
+        for _ in range(n):
+            s = connect(child.port)
+            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # no blank line: half-sent
+            socks.append(s)
+        time.sleep(2)
+        during = child.status()
+        req = timed_request(f"http://127.0.0.1:{child.port}/metrics", None)
+        print(f"{n} half-sent /metrics requests: threads {base[0]} -> {during[0]}; "
+              f"a normal /metrics meanwhile: {req}")
+        for s in socks:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+        time.sleep(1)
+    finally:
+        tail = child.close()
+    print(f"  tracebacks on stderr after the clients went away: {tail.count('Traceback')}")
+
+
+def uploads(n: int, mib: int) -> None:
+    child = Child("extender")
+    try:
+        base = child.status()
+        size = mib * 2**20
+        chunk = b" " * 2**20
+        socks = []
+        refused = 0
+        for _ in range(n):
+            s = connect(child.port)
+            socks.append(s)
+            try:
+                s.sendall(f"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                          f"\r\nContent-Length: {size}\r\n\r\n".encode())
+                sent = 0
+                while sent < size - 1:
+                    part = chunk[: min(len(chunk), size - 1 - sent)]
+                    s.sendall(part)
+                    sent += len(part)
+            except OSError:
+                refused += 1
+        time.sleep(2)
+        during = child.status()
+        req = timed_request(f"http://127.0.0.1:{child.port}/filter", FILTER)
+        print(f"{n} stalled {mib} MiB uploads: RSS {base[1]:.0f} -> {during[1]:.0f} MiB, "
+              f"threads {base[0]} -> {during[0]}, uploads cut short by the server: {refused}; "
+              f"a normal /filter meanwhile: {req}")
+        for s in socks:
+            s.close()
+    finally:
+        child.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--idle", type=int, default=300)
+    ap.add_argument("--half", type=int, default=400)
+    ap.add_argument("--uploads", type=int, default=8)
+    ap.add_argument("--upload-mib", type=int, default=60)
+    a = ap.parse_args()
+    os.environ.setdefault("PYTHONPATH", str(ROOT / "src"))
+    idle(a.idle)
+    half_sent(a.half)
+    uploads(a.uploads, a.upload_mib)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+"""Checks the extender's request bodies before any logic sees them.
+
+Every route answers 400 with a short reason when its body is not what kube-scheduler
+sends: not UTF-8, not JSON (``NaN``/``Infinity`` included), nested too deeply, or a field
+of the wrong type at any level core.py reads. After ``filter_args``/``bind_args`` the
+core may index what it reads without guarding types. Reasons never echo more than
+``REASON_LIMIT`` characters of the input.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from itertools import accumulate
+from typing import Any, NoReturn
+
+from gpu_share.observability.http import REASON_LIMIT, short_repr
+
+MAX_NAME = 253  # a DNS subdomain: node names, namespaces, pod names, UIDs
+MAX_QUANTITY = 64  # characters of a resource quantity string
+MAX_DEPTH = 64  # JSON nesting; a pod object is about 10 deep
+# A quantity exponent past two digits is no real request, and Fraction(10) ** 10**7
+# takes seconds: refuse it here.
+_QUANTITY = re.compile(r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d{1,2}|[numkMGTPE]i?)?$")
+
+
+class BadRequest(ValueError):
+    """The request body is malformed; ``str(e)`` is the short reason answered with 400."""
+
+
+def _bad(where: str, what: str) -> NoReturn:
+    raise BadRequest(f"{where}: {what}"[: REASON_LIMIT * 2])
+
+
+def _reject_constant(name: str) -> Any:
+    raise BadRequest(f"{name} is not valid JSON")
+
+
+def parse_json(body: bytes) -> Any:
+    """Strict JSON from a request body (UTF-8, no NaN/Infinity, bounded nesting)."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadRequest("body is not UTF-8") from None
+    try:
+        value = json.loads(text, parse_constant=_reject_constant)
+    except BadRequest:
+        raise
+    except RecursionError:  # the C parser's own guard, far deeper than MAX_DEPTH
+        raise BadRequest(f"JSON nested deeper than {MAX_DEPTH} levels") from None
+    except ValueError as e:  # JSONDecodeError, or an integer over the digit limit
+        raise BadRequest(f"bad JSON: {str(e)[:REASON_LIMIT]}") from None
+    # After parsing, so every string is terminated and the scan is linear.
+    if _depth_over(text, MAX_DEPTH):
+        raise BadRequest(f"JSON nested deeper than {MAX_DEPTH} levels")
+    return value
+
+
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+
+
+def _depth_over(text: str, limit: int) -> bool:
+    """Whether the brackets of valid JSON ``text`` (outside strings) nest deeper than
+    ``limit``, so no answer echoing part of a request nests deeper than the encoder can
+    go. ``text`` must have parsed: on an unterminated string the regex is quadratic."""
+    brackets = _NOT_BRACKET.sub("", _STRING.sub("", text))
+    return any(d > limit for d in accumulate(map(_STEP.__getitem__, brackets)))
+
+
+def _obj(value: Any, where: str, *, optional: bool = True) -> Mapping[str, Any]:
+    if value is None and optional:
+        return {}
+    if not isinstance(value, dict):
+        _bad(where, f"must be an object, got {_kind(value)}")
+    return value
+
+
+def _list(value: Any, where: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        _bad(where, f"must be a list, got {_kind(value)}")
+    return value
+
+
+def _name(value: Any, where: str, *, optional: bool = True) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, str):
+        _bad(where, f"must be a string, got {_kind(value)}")
+    if len(value) > MAX_NAME:
+        _bad(where, f"longer than {MAX_NAME} characters: {short_repr(value, 40)}")
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _quantity(value: Any, where: str) -> None:
+    if isinstance(value, bool):
+        _bad(where, "must be a quantity, got bool")
+    if isinstance(value, int):
+        if abs(value) >= 2**63:
+            _bad(where, "quantity out of range")
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value) or abs(value) >= 2.0**63:
+            _bad(where, "quantity out of range")
+        return
+    if not isinstance(value, str):
+        _bad(where, f"must be a quantity string, got {_kind(value)}")
+    if len(value) > MAX_QUANTITY or not value.isascii() or not _QUANTITY.match(value.strip()):
+        _bad(where, f"not a quantity: {short_repr(value, 40)}")
+
+
+def _quantities(value: Any, where: str) -> None:
+    for k, v in _obj(value, where).items():
+        _quantity(v, f"{where}[{short_repr(k, 60)}]")
+
+
+def _container(value: Any, where: str) -> None:
+    c = _obj(value, where, optional=False)
+    _name(c.get("name"), f"{where}.name")
+    restart = c.get("restartPolicy")
+    if restart is not None and not isinstance(restart, str):
+        _bad(f"{where}.restartPolicy", f"must be a string, got {_kind(restart)}")
+    res = _obj(c.get("resources"), f"{where}.resources")
+    _quantities(res.get("requests"), f"{where}.resources.requests")
+    _quantities(res.get("limits"), f"{where}.resources.limits")
+
+
+def _pod(value: Any) -> None:
+    pod = _obj(value, "Pod", optional=False)
+    meta = _obj(pod.get("metadata"), "Pod.metadata")
+    for field in ("name", "namespace", "uid"):
+        _name(meta.get(field), f"Pod.metadata.{field}")
+    spec = _obj(pod.get("spec"), "Pod.spec")
+    for field in ("initContainers", "containers"):
+        for i, c in enumerate(_list(spec.get(field), f"Pod.spec.{field}")):
+            _container(c, f"Pod.spec.{field}[{i}]")
+    _quantities(spec.get("overhead"), "Pod.spec.overhead")
+
+
+def filter_args(value: Any) -> Mapping[str, Any]:
+    """ExtenderArgs ``{Pod, Nodes: {items: [{metadata: {name}}]} | NodeNames: [str]}``
+    for /filter and /prioritize."""
+    args = _obj(value, "body", optional=False)
+    _pod(args.get("Pod"))
+    for i, n in enumerate(_list(args.get("NodeNames"), "NodeNames")):
+        _name(n, f"NodeNames[{i}]", optional=False)
+    nodes = _obj(args.get("Nodes"), "Nodes")
+    for i, item in enumerate(_list(nodes.get("items"), "Nodes.items")):
+        meta = _obj(_obj(item, f"Nodes.items[{i}]", optional=False).get("metadata"),
+                    f"Nodes.items[{i}].metadata", optional=False)
+        _name(meta.get("name"), f"Nodes.items[{i}].metadata.name", optional=False)
+    return args
+
+
+def bind_args(value: Any) -> Mapping[str, Any]:
+    """ExtenderBindingArgs ``{PodName, PodNamespace, PodUID, Node}`` (all strings)."""
+    args = _obj(value, "body", optional=False)
+    for field in ("PodName", "PodNamespace", "PodUID", "Node"):
+        _name(args.get(field), field, optional=False)
+    return args
