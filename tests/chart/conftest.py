@@ -102,9 +102,15 @@ def render(
     return [d for d in yaml.safe_load_all(proc.stdout) if d]
 
 
-def render_error(helm: str, values: Sequence[str | Path] = (), sets: Sequence[str] = ()) -> str:
+def render_error(
+    helm: str,
+    values: Sequence[str | Path] = (),
+    sets: Sequence[str] = (),
+    kube: str = "1.34.0",
+    vap: bool = True,
+) -> str:
     """stderr of a render that must fail."""
-    proc = _run_template(helm, tuple(map(str, values)), tuple(sets), "1.34.0", True)
+    proc = _run_template(helm, tuple(map(str, values)), tuple(sets), kube, vap)
     assert proc.returncode != 0, "render unexpectedly succeeded"
     return proc.stderr
 
@@ -148,3 +154,45 @@ def k8s_validator(minor: str, api_version: str, kind: str) -> jsonschema.Draft20
     schema = json.loads(path.read_text())
     registry = Resource.from_contents(schema) @ registry
     return jsonschema.Draft202012Validator(schema, registry=registry)
+
+
+# ---------------------------------------------------------------- NOTES.txt
+
+# `helm template` does not print NOTES.txt and `helm install --dry-run` has no
+# --kube-version; a copy of the chart renders the very same NOTES text into a ConfigMap.
+_NOTES_TPL = '{{- define "notes-under-test" -}}\n%s\n{{- end -}}\n'
+_NOTES_CM = """apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: notes-under-test
+data:
+  notes: {{ include "notes-under-test" . | toJson }}
+"""
+
+
+@functools.cache
+def _notes_chart(tmp_root: str) -> Path:
+    import shutil
+
+    copy = Path(tmp_root) / "gpu-share"
+    shutil.copytree(CHART, copy)
+    notes = (copy / "templates" / "NOTES.txt").read_text()
+    (copy / "templates" / "_notes_under_test.tpl").write_text(_NOTES_TPL % notes)
+    (copy / "templates" / "zz-notes-under-test.yaml").write_text(_NOTES_CM)
+    return copy
+
+
+def render_notes(
+    helm: str, tmp_root: Path, sets: Sequence[str] = (), kube: str = "1.34.0"
+) -> str:
+    """NOTES.txt as `helm install` would print it for these values and Kubernetes version."""
+    chart = _notes_chart(str(tmp_root))
+    args = [helm, "template", RELEASE, str(chart), "--namespace", NAMESPACE]
+    args += ["--kube-version", kube, "-s", "templates/zz-notes-under-test.yaml"]
+    for s in sets:
+        args += ["--set", s]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=HELM_TIMEOUT_S, check=False)
+    assert proc.returncode == 0, proc.stderr
+    (cm,) = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    notes: str = cm["data"]["notes"]
+    return notes

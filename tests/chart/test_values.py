@@ -127,7 +127,11 @@ def test_values_yaml_agent_config_equals_model_defaults() -> None:
 )
 def test_every_configmap_validates_as_agent_config(values: tuple[Any, ...]) -> None:
     objs = render(helm_path(4), values)
-    cms = by_kind(objs, "ConfigMap")
+    cms = [
+        cm
+        for cm in by_kind(objs, "ConfigMap")
+        if cm["metadata"]["labels"].get("app.kubernetes.io/component") == "agent"
+    ]
     assert cms
     for cm in cms:
         cfg = AgentConfig.model_validate(yaml.safe_load(cm["data"]["config.yaml"]))

@@ -1,7 +1,9 @@
-"""Story 8: security. With the chart's admission policy, the agent's own (pod-bound)
+"""Story 8: security. With the chart's admission policies, the agent's own (pod-bound)
 token may write its own node and pods bound to it, but not another node nor pods on
-another node; a token without the node claim may write nothing. A pod that writes the
-allocation annotation itself gains nothing."""
+another node; a token without the node claim may write nothing. Nobody else may write
+gpu-share annotations (a pod carrying a forged assignment is refused), and a forgery
+written with a writer's credentials still gains nothing. (The policies' every refusal is
+proven at L3: tests/kube/test_l3_admission_policy.py.)"""
 
 from __future__ import annotations
 
@@ -67,15 +69,12 @@ def _annotate(name: str) -> str:
     return json.dumps({"metadata": {"annotations": {"gpu-share.vendor.com/e2e": name}}})
 
 
-def test_story8_agent_token_writes_only_its_own_node_and_pods(
-    agent: Kube, namespace: str, fake_node: str
-) -> None:
-    """Story 8a: the agent's pod-bound token cannot patch another node or a pod on
-    another node (ValidatingAdmissionPolicy on the node-name claim), but can its own."""
-    assert agent.get("validatingadmissionpolicies")["items"], "admission policy not installed"
+def _agent_token(agent: Kube) -> str:
+    """A token of the agent's ServiceAccount bound to the running agent pod (it carries the
+    node-name claim the own-node policy checks)."""
     me = agent.ready_agent()
     assert me is not None
-    token = agent.kubectl(
+    return agent.kubectl(
         "-n",
         AGENT_NS,
         "create",
@@ -86,6 +85,15 @@ def test_story8_agent_token_writes_only_its_own_node_and_pods(
         f"--bound-object-name={me['metadata']['name']}",
         f"--bound-object-uid={me['metadata']['uid']}",
     ).stdout.strip()
+
+
+def test_story8_agent_token_writes_only_its_own_node_and_pods(
+    agent: Kube, namespace: str, fake_node: str
+) -> None:
+    """Story 8a: the agent's pod-bound token cannot patch another node or a pod on
+    another node (ValidatingAdmissionPolicy on the node-name claim), but can its own."""
+    assert agent.get("validatingadmissionpolicies")["items"], "admission policy not installed"
+    token = _agent_token(agent)
     # A pod bound to the fake node (it never runs: no kubelet there) and one on ours.
     elsewhere = pod("elsewhere", namespace, [container("main")])
     elsewhere["spec"]["nodeName"] = fake_node
@@ -111,17 +119,25 @@ def test_story8_agent_token_writes_only_its_own_node_and_pods(
     ).stdout.strip()
     ok, out = _as(agent, plain, "patch", "node", agent.node, "-p", _annotate("plain"))
     assert not ok and "no node-name claim" in out, out
-    agent.kubectl("annotate", "node", agent.node, "gpu-share.vendor.com/e2e-", check=False)
+    # Only the agent (and the extender) may remove a gpu-share annotation, the admin too is
+    # refused by the annotation policy.
+    proc = agent.kubectl("annotate", "node", agent.node, "gpu-share.vendor.com/e2e-", check=False)
+    assert proc.returncode != 0 and "is reserved for the gpu-share agent" in proc.stderr
+    ok, out = _as(agent, token, "annotate", "node", agent.node, "gpu-share.vendor.com/e2e-")
+    assert ok, out
     # No kubelet will ever confirm that pod's deletion.
     agent.kubectl(
         "-n", namespace, "delete", "pod", "elsewhere", "--force", "--grace-period=0", check=False
     )
 
 
-def test_story8_forged_assignment_annotation_gains_nothing(agent: Kube, namespace: str) -> None:
-    """Story 8b: a pod that writes the assignment annotation itself (claiming a whole
-    device) gets only what it requested; a pod claiming a slice without requesting any
-    gets no device; other pods still use the claimed device."""
+def test_story8_forged_assignment_annotation_is_refused_and_gains_nothing(
+    agent: Kube, namespace: str
+) -> None:
+    """Story 8b: a pod carrying a forged assignment annotation (claiming a whole device) is
+    refused at admission, with or without resources, and so is adding one later; a forgery
+    written with a writer's credentials (the agent's token stands in for a stolen one)
+    blocks nobody: the inventory counts real slices and other pods get the device."""
     victim = sorted(agent.inventory()["devices"], key=lambda d: d["index"])[0]["id"]
     forged = json.dumps(
         {
@@ -134,29 +150,35 @@ def test_story8_forged_assignment_annotation_gains_nothing(agent: Kube, namespac
             },
         }
     )
+    for bad in (
+        pod("greedy", namespace, [container("main", 1, 0)], annotations={ASSIGNMENT: forged}),
+        pod("freeloader", namespace, [container("main")], annotations={ASSIGNMENT: forged}),
+    ):
+        proc = agent.kubectl("apply", "-f", "-", input=json.dumps(bad), check=False)
+        assert proc.returncode != 0, proc.stdout
+        assert "is reserved for the gpu-share agent" in proc.stderr, proc.stderr
     agent.apply(
         [
-            pod("greedy", namespace, [container("main", 1, 0)], annotations={ASSIGNMENT: forged}),
-            pod("freeloader", namespace, [container("main")], annotations={ASSIGNMENT: forged}),
+            pod("greedy", namespace, [container("main", 1, 0)]),
+            pod("freeloader", namespace, [container("main")]),
         ]
     )
     agent.wait_ready(namespace)
+    proc = agent.kubectl(
+        "-n", namespace, "annotate", "pod", "freeloader", f"{ASSIGNMENT}={forged}", check=False
+    )
+    assert proc.returncode != 0 and "is reserved for the gpu-share agent" in proc.stderr
+    ok, out = _as(
+        agent, _agent_token(agent), "-n", namespace, "annotate", "pod", "freeloader",
+        f"{ASSIGNMENT}={forged}",
+    )  # fmt: skip
+    assert ok, out
+
     held = kubelet_devices(agent.env["POD_RESOURCES_SOCKET"])
     greedy = held[(namespace, "greedy", "main")]
     assert sum(len(v) for v in greedy.values()) == 1, greedy
     seen = wait_until("env", lambda: agent.seen(namespace, "greedy", "main"), 60)
     assert seen["mem"] == "1024" and seen["cores"] == ""
-    ann = wait_until(
-        "the agent's own annotation",
-        lambda: (
-            (a := assignment(agent.get("pod", "-n", namespace, "greedy")))
-            and a["main"]["devices"][0]["memoryUnits"] == 1
-            and a
-        ),
-        30,
-    )
-    assert ann["main"]["devices"][0]["exclusive"] is False
-
     assert (namespace, "freeloader", "main") not in held
     seen = wait_until("env", lambda: agent.seen(namespace, "freeloader", "main"), 60)
     assert seen["visible"] == "" and seen["mem"] == "" and seen["nodes"] == ""

@@ -43,7 +43,9 @@ def test_scheduler_block() -> None:
     cfg = yaml.safe_load(by[("ConfigMap", "t-gpu-share-scheduler")]["data"]["config.yaml"])
     assert cfg["profiles"][0]["schedulerName"] == "gpu-share-scheduler"
     ext = cfg["extenders"][0]
-    assert ext["urlPrefix"] == "http://t-gpu-share-extender.gs.svc:8888"
+    # Default sidecar mode: the extender is a container of the scheduler pod, on loopback
+    # (tests/chart/test_security.py covers both modes).
+    assert ext["urlPrefix"] == "http://127.0.0.1:8888"
     assert ext["nodeCacheCapable"] is True and ext["bindVerb"] == "bind"
     assert [r["name"] for r in ext["managedResources"]] == [
         "vendor.com/vcuda-memory",
@@ -60,9 +62,10 @@ def test_scheduler_block() -> None:
 def test_existing_secret_is_used() -> None:
     docs = render("scheduler.enabled=true", "scheduler.decisionKey.existingSecret=mine")
     assert not [d for d in docs if d["kind"] == "Secret"]
-    ext = next(
+    sched = next(
         d
         for d in docs
-        if d["metadata"]["name"] == "t-gpu-share-extender" and d["kind"] == "Deployment"
+        if d["metadata"]["name"] == "t-gpu-share-scheduler" and d["kind"] == "Deployment"
     )
-    assert ext["spec"]["template"]["spec"]["volumes"][0]["secret"]["secretName"] == "mine"
+    vols = {v["name"]: v for v in sched["spec"]["template"]["spec"]["volumes"]}
+    assert vols["decision-key"]["secret"]["secretName"] == "mine"

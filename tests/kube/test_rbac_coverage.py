@@ -104,8 +104,9 @@ def test_extender_calls_are_granted_by_extender_rules() -> None:
     granted_ext = {(g, r, v) for g, r, verbs in EXTENDER_RULES for v in verbs}
     for n in names:
         group, resource, verb = method_rule(n)
-        if n == "create_namespaced_binding":
+        if n == "create_namespaced_pod_binding":
             resource = "pods/binding"  # the Binding subresource of pods
+        # create_namespaced_binding: POST .../bindings, authorized as resource "bindings"
         assert (group, resource, verb) in granted_ext, n
 
 

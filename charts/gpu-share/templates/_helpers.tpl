@@ -138,13 +138,76 @@ app.kubernetes.io/component: agent
 {{ include "gpu-share.poolLabel" . }}: {{ .pool.name }}
 {{- end -}}
 
-{{/* Whether this release renders the ValidatingAdmissionPolicy ("true" or ""). */}}
+{{/* Whether this release renders the ValidatingAdmissionPolicies ("true" or ""): asked
+for and Kubernetes >= 1.30 (admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy is GA
+there). Not gated on .Capabilities.APIVersions: offline renders (helm template) never list
+the kind, which used to drop the policies silently; a 1.30+ cluster with the API turned off
+makes the install fail on the unknown kind instead (fail closed). */}}
 {{- define "gpu-share.admissionPolicyEnabled" -}}
-{{- if and .Values.admissionPolicy.enabled
-      (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy")
-      (semverCompare ">=1.30.0-0" .Capabilities.KubeVersion.Version) -}}
+{{- if and .Values.admissionPolicy.enabled (semverCompare ">=1.30.0-0" .Capabilities.KubeVersion.Version) -}}
 true
 {{- end -}}
+{{- end -}}
+
+{{/* Fails rendering when the policies are asked for on a cluster that cannot run them,
+unless admissionPolicy.allowUnprotected says to install without them. */}}
+{{- define "gpu-share.admissionPolicyCheck" -}}
+{{- if and .Values.admissionPolicy.enabled (not (include "gpu-share.admissionPolicyEnabled" .)) (not .Values.admissionPolicy.allowUnprotected) -}}
+{{- fail (printf "admissionPolicy: Kubernetes %s has no ValidatingAdmissionPolicy v1 (needs 1.30+). Without it tenants can set env that lifts their GPU limits and forge gpu-share annotations. Upgrade the cluster, or set admissionPolicy.allowUnprotected=true to install unprotected" .Capabilities.KubeVersion.Version) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "sidecar" or "service". */}}
+{{- define "gpu-share.extenderMode" -}}
+{{- .Values.scheduler.extender.mode | default "sidecar" -}}
+{{- end -}}
+
+{{/* ServiceAccount the extender runs as: the scheduler pod's in sidecar mode. */}}
+{{- define "gpu-share.extenderServiceAccount" -}}
+{{- $fn := include "gpu-share.fullname" . -}}
+{{- if eq (include "gpu-share.extenderMode" .) "sidecar" -}}
+{{- printf "%s-scheduler" $fn -}}
+{{- else -}}
+{{- printf "%s-extender" $fn -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Usernames that may write gpu-share.<domain>/* annotations, as a JSON list: the
+agent's ServiceAccount, the extender's (when the scheduler is enabled), and the extras. */}}
+{{- define "gpu-share.annotationWriters" -}}
+{{- $users := list (printf "system:serviceaccount:%s:%s" .Release.Namespace (include "gpu-share.serviceAccountName" .)) -}}
+{{- if .Values.scheduler.enabled -}}
+{{- $users = append $users (printf "system:serviceaccount:%s:%s" .Release.Namespace (include "gpu-share.extenderServiceAccount" .)) -}}
+{{- end -}}
+{{- range .Values.admissionPolicy.extraAnnotationWriters -}}
+{{- $users = append $users . -}}
+{{- end -}}
+{{- toJson (uniq $users) -}}
+{{- end -}}
+
+{{/* What the pools' configs name, as JSON: annotation prefixes ("gpu-share.<domain>/"),
+the keys under them that pod authors write (tenantKeys: the GPU models a pod accepts,
+sharing/model_req.py models_key), memory and core resource names, and whether any pool
+enforces limits (mps, hami-core). */}}
+{{- define "gpu-share.poolResources" -}}
+{{- $root := . -}}
+{{- $prefixes := list -}}
+{{- $tenantKeys := list -}}
+{{- $mem := list -}}
+{{- $core := list -}}
+{{- $enforcing := false -}}
+{{- range $pool := .Values.nodePools -}}
+{{- $cfg := include "gpu-share.poolConfig" (dict "root" $root "pool" $pool) | fromJson -}}
+{{- $r := $cfg.resources -}}
+{{- $prefixes = append $prefixes (printf "gpu-share.%s/" $r.domain) -}}
+{{- $tenantKeys = append $tenantKeys (printf "gpu-share.%s/models" $r.domain) -}}
+{{- $mem = append $mem (printf "%s/%s" $r.domain $r.memoryName) -}}
+{{- $core = append $core (printf "%s/%s" $r.domain $r.coreName) -}}
+{{- if has $cfg.runtime.enforcement (list "mps" "hami-core") -}}
+{{- $enforcing = true -}}
+{{- end -}}
+{{- end -}}
+{{- toJson (dict "prefixes" (uniq $prefixes) "tenantKeys" (uniq $tenantKeys) "memory" (uniq $mem) "cores" (uniq $core) "enforcing" $enforcing) -}}
 {{- end -}}
 
 {{/* Value checks the schema cannot express; fails rendering with a message naming the
@@ -192,4 +255,80 @@ pool(s). Included once, from daemonset.yaml. */}}
 {{- define "gpu-share.configYaml" -}}
 # gpu-share agent config (AgentConfig v1) of node pool {{ .pool.name }}; rendered by the chart.
 {{ include "gpu-share.poolConfig" . | fromJson | toYaml }}
+{{- end -}}
+
+{{/* The extender container; (dict "root" $ "mode" "sidecar"|"service"). Sidecar: plain
+HTTP on the pod's loopback, probed by exec (the kubelet cannot reach a pod's loopback).
+Service: HTTPS requiring a client certificate of the CA in ca.crt; probed by TCP connect
+(an HTTP probe would need the client certificate). */}}
+{{- define "gpu-share.extenderContainer" -}}
+{{- $root := .root -}}
+{{- $ext := $root.Values.scheduler.extender -}}
+{{- $res := $root.Values.agentConfig.resources -}}
+{{- $sidecar := eq .mode "sidecar" -}}
+- name: extender
+  image: {{ include "gpu-share.image" $root }}
+  imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+  command: ["gpu-share-extender"]
+  args:
+    {{- if $sidecar }}
+    - --listen=127.0.0.1:{{ $ext.port }}
+    {{- else }}
+    - --listen=0.0.0.0:{{ $ext.port }}
+    - --tls-cert-file=/etc/gpu-share-extender-tls/tls.crt
+    - --tls-key-file=/etc/gpu-share-extender-tls/tls.key
+    - --client-ca-file=/etc/gpu-share-extender-tls/ca.crt
+    {{- end }}
+    - --domain={{ $res.domain }}
+    - --memory-name={{ $res.memoryName }}
+    - --core-name={{ $res.coreName }}
+    - --key-file={{ $root.Values.scheduler.decisionKey.mountPath }}/key
+    - --policy={{ $ext.policy }}
+    - --default-workload={{ $ext.defaultWorkload }}
+    - --max-body-bytes={{ int $ext.maxBodyBytes }}
+    - --read-timeout-seconds={{ $ext.readTimeoutSeconds }}
+    - --idle-timeout-seconds={{ $ext.idleTimeoutSeconds }}
+    - --workers={{ $ext.workers }}
+  {{- if $sidecar }}
+  readinessProbe:
+    exec:
+      command: ["gpu-share", "probe", "--timeout", "3", "http://127.0.0.1:{{ $ext.port }}/readyz"]
+    periodSeconds: 10
+    timeoutSeconds: 5
+  livenessProbe:
+    exec:
+      command: ["gpu-share", "probe", "--timeout", "3", "http://127.0.0.1:{{ $ext.port }}/healthz"]
+    initialDelaySeconds: 10
+    periodSeconds: 20
+    timeoutSeconds: 5
+  {{- else }}
+  ports:
+    - name: https
+      containerPort: {{ $ext.port }}
+  readinessProbe:
+    tcpSocket:
+      port: https
+    periodSeconds: 10
+  livenessProbe:
+    tcpSocket:
+      port: https
+    initialDelaySeconds: 10
+    periodSeconds: 20
+  {{- end }}
+  resources:
+    {{- toYaml $ext.resources | nindent 4 }}
+  securityContext:
+    allowPrivilegeEscalation: false
+    readOnlyRootFilesystem: true
+    capabilities:
+      drop: ["ALL"]
+  volumeMounts:
+    - name: decision-key
+      mountPath: {{ $root.Values.scheduler.decisionKey.mountPath }}
+      readOnly: true
+    {{- if not $sidecar }}
+    - name: extender-tls
+      mountPath: /etc/gpu-share-extender-tls
+      readOnly: true
+    {{- end }}
 {{- end -}}
