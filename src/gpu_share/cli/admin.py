@@ -1,7 +1,10 @@
 """``gpu-share``: the admin CLI.
 
     gpu-share probe URL                 exit 0 when URL answers 200 (helm test, probes)
-    gpu-share config validate FILE      check a v1 config file; print errors naming keys
+    gpu-share config validate FILE [--devices N --device-memory-mib MIB]
+                                        check a v1 config file as the agent would (with the
+                                        node's devices: the dummy section, or N x MIB);
+                                        print every error naming its key; exit 2 if invalid
     gpu-share config show [FILE]        print the effective config (defaults filled in)
     gpu-share fault set FILE ID...      mark dummy devices unhealthy (fault file)
     gpu-share fault clear FILE          clear every dummy fault
@@ -17,10 +20,15 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 
-from gpu_share.config.loader import dump_config, read_config_file, validate_config
-from gpu_share.config.model import AgentConfig
-from gpu_share.devices.dummy import write_faults
-from gpu_share.errors import GpuShareError
+from gpu_share.config.loader import config_from_namespace, dump_config, flag_int
+from gpu_share.config.model import AgentConfig, BackendKind
+from gpu_share.devices.base import Device
+from gpu_share.devices.dummy import DummyBackend, write_faults
+from gpu_share.errors import ConfigError, GpuShareError
+
+# Bounds of a device description (--devices, --device-memory-mib).
+MAX_DESCRIBED_DEVICES = 1024
+MAX_DESCRIBED_MEMORY_MIB = 16 * 1024 * 1024
 
 
 def _probe(url: str, timeout: float) -> int:
@@ -34,6 +42,52 @@ def _probe(url: str, timeout: float) -> int:
     except (urllib.error.URLError, OSError) as exc:
         print(f"unreachable: {exc}", file=sys.stderr)
     return 1
+
+
+def _load(path: str | None) -> AgentConfig:
+    # The agent's own loader (file layer only: validate judges the file, not this shell's
+    # GPU_SHARE_* environment).
+    ns = argparse.Namespace(**({"config": path} if path else {}))
+    return config_from_namespace(ns, environ={})
+
+
+def _node_devices(
+    cfg: AgentConfig, count: int | None, memory_mib: int | None
+) -> tuple[list[Device] | None, str]:
+    """The devices to check against and how they were found (None: no description)."""
+    if cfg.backend == BackendKind.DUMMY:
+        if count is not None:
+            # The agent would use the dummy section; a second description could only
+            # reach another verdict.
+            raise ConfigError(
+                "backend dummy takes its devices from the dummy section; "
+                "--devices/--device-memory-mib describe NVML devices"
+            )
+        devices = DummyBackend(cfg.dummy, node_name=cfg.node_name).devices()
+        return devices, f"the dummy backend's {len(devices)} devices"
+    if count is not None and memory_mib is not None:
+        from gpu_share.plugin.sizeguard import described_devices
+
+        return described_devices(count, memory_mib), f"{count} devices of {memory_mib} MiB"
+    return None, ""
+
+
+def _validate(path: str, count: int | None, memory_mib: int | None) -> int:
+    cfg = _load(path)
+    devices, described = _node_devices(cfg, count, memory_mib)
+    if devices is None:
+        print(
+            f"{path}: valid (version {cfg.version}); NOT checked against devices (the "
+            "ListAndWatch size limit and a device smaller than one memory unit): give "
+            "--devices N --device-memory-mib MIB as nvidia-smi reports them"
+        )
+        return 0
+    # Imported here: protobuf is only needed for the device checks.
+    from gpu_share.plugin.sizeguard import guard_devices
+
+    guard_devices(cfg, devices)
+    print(f"{path}: valid (version {cfg.version}); checked against {described}")
+    return 0
 
 
 def _slices(node: str, kubeconfig: str | None, domain: str) -> int:
@@ -72,8 +126,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=5.0)
     c = sub.add_parser("config", help="validate or show a config file")
     csub = c.add_subparsers(dest="config_cmd", required=True)
-    cv = csub.add_parser("validate")
+    cv = csub.add_parser(
+        "validate",
+        help="check a config file as the agent would; exit 2 when invalid",
+        description="Check FILE with the agent's own validation. The device checks "
+        "(ListAndWatch size, a device smaller than one memory unit) use the dummy section "
+        "for backend dummy, else --devices and --device-memory-mib; without them they are "
+        "skipped and the output says so.",
+    )
     cv.add_argument("file")
+    cv.add_argument("--devices", type=flag_int, metavar="N", default=None,
+                    help="devices on the node (NVML backend)")
+    cv.add_argument("--device-memory-mib", type=flag_int, metavar="MIB", default=None,
+                    help="memory of each device in MiB, as NVML reports it")
     cs = csub.add_parser("show")
     cs.add_argument("file", nargs="?")
     f = sub.add_parser("fault", help="inject or clear dummy-backend device faults")
@@ -88,16 +153,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     sl.add_argument("--kubeconfig", default=None)
     sl.add_argument("--domain", default="vendor.com")
     args = parser.parse_args(argv)
+    if args.cmd == "config" and args.config_cmd == "validate":
+        _check_description(parser, args.devices, args.device_memory_mib)
 
     try:
         if args.cmd == "probe":
             return _probe(args.url, args.timeout)
         if args.cmd == "config":
-            cfg = validate_config(read_config_file(args.file)) if args.file else AgentConfig()
             if args.config_cmd == "validate":
-                print(f"{args.file}: valid (version {cfg.version})")
-                return 0
-            print(dump_config(cfg), end="")
+                return _validate(args.file, args.devices, args.device_memory_mib)
+            print(dump_config(_load(args.file)), end="")
             return 0
         if args.cmd == "slices":
             if not args.node:
@@ -110,6 +175,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 2
+
+
+def _check_description(
+    parser: argparse.ArgumentParser, count: int | None, memory_mib: int | None
+) -> None:
+    # parser.error exits 2, like an invalid config.
+    if (count is None) != (memory_mib is None):
+        parser.error("--devices and --device-memory-mib go together")
+    if count is not None and not 1 <= count <= MAX_DESCRIBED_DEVICES:
+        parser.error(f"--devices must be 1..{MAX_DESCRIBED_DEVICES}")
+    if memory_mib is not None and not 1 <= memory_mib <= MAX_DESCRIBED_MEMORY_MIB:
+        parser.error(f"--device-memory-mib must be 1..{MAX_DESCRIBED_MEMORY_MIB}")
 
 
 if __name__ == "__main__":

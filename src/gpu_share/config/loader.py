@@ -6,6 +6,10 @@ Precedence, lowest first: built-in defaults < config file < environment
 Every layer is turned into a dict keyed by the YAML (camelCase) names, the dicts are
 deep-merged, and ``AgentConfig`` validates the result once. A record of which layer
 set which key lets error messages name the file, variable or flag to fix.
+
+The model is strict (no ``"4"`` or ``true`` for an integer). File values are taken as
+YAML typed them; environment variables and flags are text by nature, so they are
+converted here, explicitly and by the target field's type, before validation.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import json
 import os
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -49,6 +54,54 @@ _FLAG_KEYS: dict[str, tuple[str, ...]] = {
 
 Path = tuple[str | int, ...]
 
+# Longest repr of an offending value or key shown in a message.
+MAX_SHOWN_CHARS = 100
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One reason a configuration is refused.
+
+    ``key`` is the dotted YAML path ("" when no single key is at fault), ``kind`` the
+    pydantic error type or a ``ProblemKind``; ``origin`` the file, variable or flag.
+    """
+
+    key: str
+    kind: str
+    message: str
+    origin: str = ""
+
+    def line(self) -> str:
+        where = f" (from {self.origin})" if self.origin else ""
+        if self.kind == "extra_forbidden":
+            return f"unknown key '{self.key}'{where}"
+        if not self.key:
+            return f"{self.message}{where}"
+        return f"key '{self.key}': {self.message}{where}"
+
+
+def format_problems(problems: Sequence[Problem]) -> str:
+    """The one text for refused configs (agent log, agent stderr, ``config validate``)."""
+    count = len(problems)
+    head = f"invalid configuration ({count} problem{'s' if count != 1 else ''}):"
+    return "\n".join([head, *("  - " + p.line() for p in problems)])
+
+
+class InvalidConfigError(ConfigError):
+    """A config refused for one or more ``problems`` (all of them listed)."""
+
+    def __init__(self, problems: Sequence[Problem], *, reason: str | None = None) -> None:
+        self.problems = tuple(problems)
+        super().__init__(format_problems(self.problems), reason=reason)
+
+
+def shown(value: object) -> str:
+    """``repr(value)`` cut to MAX_SHOWN_CHARS: messages never echo unbounded input."""
+    text = repr(value)
+    if len(text) <= MAX_SHOWN_CHARS:
+        return text
+    return f"{text[:MAX_SHOWN_CHARS]}... ({len(text)} characters)"
+
 
 # --------------------------------------------------------------------------- flags
 
@@ -66,15 +119,51 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"YAML config file (version: {CONFIG_VERSION}); env {CONFIG_PATH_ENV}",
     )
     parser.add_argument("--backend", choices=["nvml", "dummy"], default=s)
-    parser.add_argument("--memory-unit-mib", type=int, metavar="MIB", default=s)
+    parser.add_argument("--memory-unit-mib", type=flag_int, metavar="MIB", default=s)
     parser.add_argument("--device-plugin-dir", metavar="DIR", default=s)
     parser.add_argument("--pod-resources-socket", metavar="PATH", default=s)
     parser.add_argument("--state-dir", metavar="DIR", default=s)
     parser.add_argument("--node-name", metavar="NAME", default=s)
-    parser.add_argument("--metrics-port", type=int, metavar="PORT", default=s)
+    parser.add_argument("--metrics-port", type=flag_int, metavar="PORT", default=s)
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=s)
     parser.add_argument("--log-format", choices=["json", "text"], default=s)
-    parser.add_argument("--dummy-device-count", type=int, metavar="N", default=s)
+    parser.add_argument("--dummy-device-count", type=flag_int, metavar="N", default=s)
+
+
+_INT_TEXT = re.compile(r"[+-]?[0-9]{1,20}\Z")  # ASCII digits only (int() takes "٣", "1_0")
+_FLOAT_TEXT = re.compile(
+    r"[+-]?([0-9]{1,20}(\.[0-9]{0,20})?|\.[0-9]{1,20})([eE][+-]?[0-9]{1,3})?\Z"
+)
+_BOOL_TEXT = {
+    "true": True, "yes": True, "on": True, "1": True,
+    "false": False, "no": False, "off": False, "0": False,
+}
+
+
+def flag_int(text: str) -> int:
+    """argparse type: a plain ASCII decimal integer, nothing else."""
+    if not _INT_TEXT.match(text):
+        raise argparse.ArgumentTypeError(f"not a decimal integer: {shown(text)}")
+    return int(text)
+
+
+def from_text(annotation: Any, value: Any) -> Any:
+    """Convert an environment variable's text to the field's scalar type.
+
+    Text that does not parse is returned unchanged, so strict validation refuses it
+    with the variable's name; values that are not text (JSON lists) pass through.
+    """
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if annotation is bool:
+        flag = _BOOL_TEXT.get(text.lower())
+        return value if flag is None else flag
+    if annotation is int:
+        return int(text) if _INT_TEXT.match(text) else value
+    if annotation is float:
+        return float(text) if _FLOAT_TEXT.match(text) else value
+    return value
 
 
 def build_arg_parser(prog: str = "gpu-share-plugin") -> argparse.ArgumentParser:
@@ -167,11 +256,12 @@ def read_config_file(path: str) -> dict[str, Any]:
 def validate_config(
     data: Mapping[str, Any], origins: Mapping[Path, str] | None = None
 ) -> AgentConfig:
-    """Validate a camelCase dict; ValidationError becomes a readable ConfigError."""
+    """Validate a camelCase dict; ValidationError becomes InvalidConfigError listing
+    every problem with its key and origin."""
     try:
         return AgentConfig.model_validate(dict(data))
     except ValidationError as exc:
-        raise ConfigError(_format_errors(exc, origins or {})) from None
+        raise InvalidConfigError(_problems(exc, origins or {})) from None
 
 
 def dump_config(cfg: AgentConfig) -> str:
@@ -276,7 +366,7 @@ def _to_yaml_keys(
             out[yaml_key] = sub
             origins.update(sub_origins)
         else:
-            out[yaml_key] = value
+            out[yaml_key] = from_text(annotation, value)
             origins[(*path, yaml_key)] = f"env {env_name}"
     return out, origins
 
@@ -343,19 +433,14 @@ def _origin_of(loc: Sequence[str | int], origins: Mapping[Path, str]) -> str:
     return ""
 
 
-def _format_errors(exc: ValidationError, origins: Mapping[Path, str]) -> str:
-    lines = []
+def _problems(exc: ValidationError, origins: Mapping[Path, str]) -> list[Problem]:
+    out = []
     for err in exc.errors(include_url=False):
         loc = [p for p in err["loc"] if isinstance(p, str | int)]
         key = _key_name(loc)
-        origin = _origin_of(loc, origins)
-        where = f" (from {origin})" if origin else ""
-        if err["type"] == "extra_forbidden":
-            lines.append(f"unknown key '{key}'{where}")
-            continue
+        if len(key) > MAX_SHOWN_CHARS:
+            key = key[:MAX_SHOWN_CHARS] + "..."
         got = err.get("input")
-        shown = "" if isinstance(got, dict | list) else f", got {got!r}"
-        lines.append(f"key '{key}': {err['msg']}{shown}{where}")
-    count = len(lines)
-    head = f"invalid configuration ({count} problem{'s' if count != 1 else ''}):"
-    return "\n".join([head, *("  - " + line for line in lines)])
+        value = "" if isinstance(got, dict | list) else f", got {shown(got)}"
+        out.append(Problem(key, err["type"], f"{err['msg']}{value}", _origin_of(loc, origins)))
+    return out

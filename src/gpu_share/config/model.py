@@ -3,15 +3,32 @@
 YAML keys are camelCase (the chart's values use the same names); Python fields are
 snake_case. Unknown keys are rejected everywhere (``extra="forbid"``) so a typo names
 itself in the error.
+
+Types are strict (``strict=True``): ``memoryUnitMiB: true``, ``"4"`` or ``4.0`` are refused
+rather than coerced. Environment variables and flags arrive as text; the loader converts
+them explicitly before validation. Every check that needs no device lives here, so the
+agent and ``gpu-share config validate`` share it; the checks against devices are in
+``gpu_share.plugin.sizeguard.check_devices``.
 """
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
 
 CONFIG_VERSION = "v1"
 
@@ -22,6 +39,43 @@ DEFAULT_IGNORED_XIDS: tuple[int, ...] = (13, 31, 43, 45, 68, 109)
 # memory errors. Every other non-ignored XID is treated as transient.
 DEFAULT_FATAL_XIDS: tuple[int, ...] = (48, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140)
 
+# memoryUnitMiB bounds: 1 MiB .. 1 TiB (no device is larger; the device check refuses a
+# unit larger than a device anyway).
+MIN_MEMORY_UNIT_MIB = 1
+MAX_MEMORY_UNIT_MIB = 1024 * 1024
+# XIDs are small positive numbers (NVIDIA documents them below 200 today).
+MAX_XID = 65535
+MAX_XID_LIST = 256
+
+# DNS rules (RFC 1123, as Kubernetes applies them) and Kubernetes qualified names.
+DNS_SUBDOMAIN_MAX = 253
+DNS_LABEL_MAX = 63
+QUALIFIED_NAME_MAX = 63
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
+QUALIFIED_NAME_PATTERN = r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$"
+# Annotation keys are "gpu-share.<domain>/<name>": their prefix must itself be a DNS
+# subdomain, which leaves 243 characters for the domain. (The kubelet's own check,
+# "requests.<domain>/<name>" being a qualified name, allows 244.)
+ANNOTATION_PREFIX = "gpu-share."
+MAX_DOMAIN_LENGTH = DNS_SUBDOMAIN_MAX - len(ANNOTATION_PREFIX)
+
+
+class ProblemKind(StrEnum):
+    """Typed kinds of the problems gpu-share adds to pydantic's own error types."""
+
+    XID_CONFLICT = "xid_conflict"
+    INVALID_DOMAIN = "invalid_domain"
+    DEVICE_SMALLER_THAN_UNIT = "device_smaller_than_unit"
+    DEVICE_LIST_TOO_LARGE = "device_list_too_large"
+
+
+def _text_only(value: object) -> object:
+    # Enum fields validate laxly (a YAML string must become the enum), so refuse
+    # anything but text here: bytes (YAML !!binary), numbers, booleans.
+    if not isinstance(value, str):
+        raise PydanticCustomError("string_type", "Input should be a valid string")
+    return value
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(
@@ -30,6 +84,7 @@ class _Strict(BaseModel):
         populate_by_name=True,
         validate_assignment=True,
         frozen=False,
+        strict=True,
     )
 
 
@@ -61,12 +116,53 @@ class PlacementPolicyName(StrEnum):
     SPREAD = "spread"  # least used device
 
 
+# Enum fields take their value as text (strict mode would demand enum instances).
+Backend = Annotated[BackendKind, Strict(False), BeforeValidator(_text_only)]
+Enforcement = Annotated[EnforcementMode, Strict(False), BeforeValidator(_text_only)]
+ListStrategy = Annotated[DeviceListStrategy, Strict(False), BeforeValidator(_text_only)]
+PolicyName = Annotated[PlacementPolicyName, Strict(False), BeforeValidator(_text_only)]
+Xid = Annotated[int, Field(ge=1, le=MAX_XID)]
+Seconds = Annotated[float, Field(allow_inf_nan=False)]
+
+
+def domain_problem(domain: str) -> str:
+    """Why ``domain`` cannot prefix both extended resource names and gpu-share's
+    annotation keys; "" when it can."""
+    if not domain:
+        return "must not be empty"
+    if len(domain) > MAX_DOMAIN_LENGTH:
+        return (
+            f"is {len(domain)} characters long, at most {MAX_DOMAIN_LENGTH} are allowed "
+            f"(annotation keys {ANNOTATION_PREFIX}<domain>/... must be a DNS subdomain of "
+            f"at most {DNS_SUBDOMAIN_MAX})"
+        )
+    for n, label in enumerate(domain.split("."), start=1):
+        if len(label) > DNS_LABEL_MAX:
+            return f"label {n} is {len(label)} characters long, at most {DNS_LABEL_MAX}"
+        if not _DNS_LABEL.match(label):
+            return (
+                f"label {n} is not a DNS label (lowercase letters, digits and '-', "
+                "starting and ending with a letter or digit)"
+            )
+    if domain == "kubernetes.io" or domain.endswith("kubernetes.io"):
+        return "names a Kubernetes native resource prefix (kubernetes.io), not an extended one"
+    if domain.startswith("requests."):
+        return "must not start with 'requests.' (reserved for quota names)"
+    return ""
+
+
 class ResourcesConfig(_Strict):
     """Extended resource names: ``<domain>/<memoryName>`` and ``<domain>/<coreName>``."""
 
-    domain: str = Field(default="vendor.com", pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
-    memory_name: str = Field(default="vcuda-memory", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-    core_name: str = Field(default="vcuda-core", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    # A DNS subdomain (see domain_problem); each name the part after "/" of a Kubernetes
+    # qualified name, so "<domain>/<name>" is a valid extended resource name.
+    domain: str = "vendor.com"
+    memory_name: str = Field(
+        default="vcuda-memory", max_length=QUALIFIED_NAME_MAX, pattern=QUALIFIED_NAME_PATTERN
+    )
+    core_name: str = Field(
+        default="vcuda-core", max_length=QUALIFIED_NAME_MAX, pattern=QUALIFIED_NAME_PATTERN
+    )
 
     @property
     def memory_resource(self) -> str:
@@ -75,6 +171,14 @@ class ResourcesConfig(_Strict):
     @property
     def core_resource(self) -> str:
         return f"{self.domain}/{self.core_name}"
+
+    @field_validator("domain")
+    @classmethod
+    def _domain(cls, v: str) -> str:
+        why = domain_problem(v)
+        if why:
+            raise PydanticCustomError(ProblemKind.INVALID_DOMAIN.value, "domain " + why)
+        return v
 
     @model_validator(mode="after")
     def _distinct(self) -> ResourcesConfig:
@@ -87,7 +191,7 @@ class KubeletConfig(_Strict):
     device_plugin_dir: str = "/var/lib/kubelet/device-plugins"
     pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
     # Seconds to wait for one PodResources answer before degrading.
-    pod_resources_timeout_seconds: float = Field(default=2.0, gt=0, le=30)
+    pod_resources_timeout_seconds: Seconds = Field(default=2.0, gt=0, le=30)
 
 
 class MpsConfig(_Strict):
@@ -102,12 +206,12 @@ class HamiCoreConfig(_Strict):
 
 
 class RuntimeConfig(_Strict):
-    device_list_strategy: list[DeviceListStrategy] = Field(
-        default_factory=lambda: [DeviceListStrategy.ENVVAR], min_length=1
+    device_list_strategy: list[ListStrategy] = Field(
+        default_factory=lambda: [DeviceListStrategy.ENVVAR], min_length=1, max_length=8
     )
     # Add /dev/nvidia* device specs, for runtimes without the NVIDIA hook.
     pass_device_specs: bool = False
-    enforcement: EnforcementMode = EnforcementMode.NONE
+    enforcement: Enforcement = EnforcementMode.NONE
     # CDI kind used by cdi-annotations / cdi-cri: "<kind>=<device uuid>".
     cdi_kind: str = Field(default="nvidia.com/gpu", pattern=r"^[a-z0-9.-]+/[a-zA-Z0-9._-]+$")
     mps: MpsConfig = Field(default_factory=MpsConfig)
@@ -123,19 +227,46 @@ class RuntimeConfig(_Strict):
 
 class HealthConfig(_Strict):
     # XIDs that are the application's fault, not the device's.
-    ignored_xids: list[int] = Field(default_factory=lambda: list(DEFAULT_IGNORED_XIDS))
+    # An empty list means the defaults (the NVML backend reads it so).
+    ignored_xids: list[Xid] = Field(
+        default_factory=lambda: list(DEFAULT_IGNORED_XIDS), max_length=MAX_XID_LIST
+    )
     # A device unhealthy through a transient XID comes back after this quiet period
     # if the backend then reports it fine. 0 disables recovery.
-    recovery_quiet_seconds: float = Field(default=300.0, ge=0)
-    # XIDs that never recover by themselves (see DEFAULT_FATAL_XIDS).
-    fatal_xids: list[int] = Field(default_factory=lambda: list(DEFAULT_FATAL_XIDS))
+    recovery_quiet_seconds: Seconds = Field(default=300.0, ge=0, le=7 * 24 * 3600)
+    # XIDs that never recover by themselves (see DEFAULT_FATAL_XIDS); empty: the defaults.
+    # validate_default: the overlap check must also run when only ignoredXids is set.
+    fatal_xids: list[Xid] = Field(
+        default_factory=lambda: list(DEFAULT_FATAL_XIDS),
+        max_length=MAX_XID_LIST,
+        validate_default=True,
+    )
     # How often the backend is polled (dummy fault file, NVML device presence).
-    poll_interval_seconds: float = Field(default=5.0, gt=0, le=3600)
+    poll_interval_seconds: Seconds = Field(default=5.0, gt=0, le=3600)
+
+    @field_validator("fatal_xids")
+    @classmethod
+    def _not_ignored(cls, v: list[int], info: ValidationInfo) -> list[int]:
+        ignored = info.data.get("ignored_xids")
+        if ignored is None:  # invalid itself; reported under its own key
+            return v
+        # Compare what the backend will use: an empty list stands for the defaults.
+        both = sorted(set(v or DEFAULT_FATAL_XIDS) & set(ignored or DEFAULT_IGNORED_XIDS))
+        if both:
+            raise PydanticCustomError(
+                ProblemKind.XID_CONFLICT.value,
+                "XIDs listed both as ignored (health.ignoredXids) and as fatal "
+                "(health.fatalXids; an empty list means the defaults): {xids}; an XID is "
+                "either the application's fault or the device's, not both",
+                {"xids": ", ".join(str(x) for x in both[:20])},
+            )
+        return v
 
 
 class DummyConfig(_Strict):
     device_count: int = Field(default=4, ge=0, le=64)
-    memory_mib: int = Field(default=16384, ge=1, alias="memoryMiB")
+    # At most 16 TiB per device.
+    memory_mib: int = Field(default=16384, ge=1, le=16 * 1024 * 1024, alias="memoryMiB")
     model: str = "Dummy NPU"
     # Each dummy device is shown to the container as /dev/dummy-npu<N>, backed by
     # this host path (a harmless character device by default).
@@ -143,11 +274,12 @@ class DummyConfig(_Strict):
     # JSON file: {"unhealthy": ["<device id>", ...]}; written by tests to inject faults.
     fault_file: str = "/var/lib/gpu-share/dummy-faults.json"
     numa_nodes: int = Field(default=1, ge=1, le=8)
-    uuid_prefix: str = Field(default="NPU", pattern=r"^[A-Za-z][A-Za-z0-9]*$")
+    # Short enough that "<prefix>-<36 hex and dashes>" stays a valid device id.
+    uuid_prefix: str = Field(default="NPU", max_length=64, pattern=r"^[A-Za-z][A-Za-z0-9]*$")
 
 
 class PlacementConfig(_Strict):
-    policy: PlacementPolicyName = PlacementPolicyName.BEST_FIT
+    policy: PolicyName = PlacementPolicyName.BEST_FIT
     # File holding the HMAC key of the scheduler extender's signed decisions (a mounted
     # Secret). Empty: extender decisions are ignored and the node policy always decides.
     decision_key_file: str = ""
@@ -183,9 +315,11 @@ class AgentConfig(_Strict):
 
     version: Literal["v1"] = "v1"
     node_name: str = ""
-    backend: BackendKind = BackendKind.NVML
+    backend: Backend = BackendKind.NVML
     fail_on_init_error: bool = True
-    memory_unit_mib: int = Field(default=1024, ge=1, le=1024 * 1024, alias="memoryUnitMiB")
+    memory_unit_mib: int = Field(
+        default=1024, ge=MIN_MEMORY_UNIT_MIB, le=MAX_MEMORY_UNIT_MIB, alias="memoryUnitMiB"
+    )
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     kubelet: KubeletConfig = Field(default_factory=KubeletConfig)
     state_dir: str = "/var/lib/gpu-share"
