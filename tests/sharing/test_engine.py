@@ -169,7 +169,7 @@ def test_bad_inputs_name_the_problem() -> None:
         e.preferred(MEM, mem_ids("GPU-0", 2), [], 3, ctx)
     assert ex.value.reason == "InvalidRequest" and "only 2 are available" in str(ex.value)
     with pytest.raises(AllocationError) as ex:
-        e.preferred(MEM, ["GPU-7::mem::0", *all_ids(MEM)], [], 2, ctx)
+        e.preferred(MEM, ["GPU-7::mem::0", *all_ids(MEM)[1:]], [], 2, ctx)
     assert ex.value.reason == "UnknownDevice" and "GPU-7" in str(ex.value)
     with pytest.raises(AllocationError) as ex:
         e.allocate(MEM, ["bogus"], ctx)
@@ -341,12 +341,16 @@ def test_response_memory_only_and_cores_only() -> None:
     assert "GPU_SHARE_CORE_PERCENT" not in m.envs
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in m.envs
     assert m.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=2048M"
-    c = build_allocate_spec(
-        _entry_for(0, 40), devs, NAMING, RuntimeConfig(enforcement=EnforcementMode.HAMI_CORE), 1024
-    )
+    # Cores-only under an enforcing mode: refused (tests/sharing/test_response_modes.py).
+    with pytest.raises(AllocationError) as ex:
+        build_allocate_spec(
+            _entry_for(0, 40), devs, NAMING, RuntimeConfig(enforcement=EnforcementMode.HAMI_CORE),
+            1024,
+        )
+    assert ex.value.reason == "MemoryRequired"
+    c = build_allocate_spec(_entry_for(0, 40), devs, NAMING, RuntimeConfig(), 1024)
     assert "GPU_SHARE_MEMORY_LIMIT_MIB" not in c.envs
-    assert not any(k.startswith("CUDA_DEVICE_MEMORY_LIMIT") for k in c.envs)
-    assert c.envs["CUDA_DEVICE_SM_LIMIT"] == "40"
+    assert c.envs["GPU_SHARE_CORE_PERCENT"] == "40"
 
 
 def test_response_strategies_and_device_specs() -> None:

@@ -43,6 +43,20 @@ def test_parse_rejects(bad: Any) -> None:
         parse_quantity(bad)
 
 
+# Tenant-written quantities: a huge exponent made Fraction arithmetic run for minutes
+# (the timeout fails the old code), and errors must not echo unbounded input.
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("bad", ["1e999999999", "1e-999999999", "1e41", "9" * 65])
+def test_parse_refuses_hostile_sizes_quickly(bad: str) -> None:
+    with pytest.raises(QuantityError) as info:
+        parse_quantity(bad)
+    assert len(str(info.value)) < 100
+
+
+def test_parse_accepts_the_largest_allowed_exponent() -> None:
+    assert parse_quantity("1e40") == Fraction(10**40)
+
+
 def test_rounding_direction() -> None:
     assert cpu_milli("0.0001") == 1 and cpu_milli("0.0001", up=False) == 0
     assert memory_mib("1500Ki") == 2 and memory_mib("1500Ki", up=False) == 1

@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpu_share.agent.feed import ChangeFeed
+from gpu_share.agent.hostdirs import HostDirs
 from gpu_share.agent.ports import PodResourcesSource, PodSource, Publisher
 from gpu_share.agent.publisher import BackgroundPublisher
 from gpu_share.agent.state import LedgerStore
-from gpu_share.config.model import AgentConfig
+from gpu_share.config.model import AgentConfig, EnforcementMode
 from gpu_share.devices.base import Device, DeviceBackend, HealthEvent
 from gpu_share.errors import (
     AllocationError,
@@ -27,6 +28,7 @@ from gpu_share.errors import (
     KubeAccessError,
     LedgerError,
 )
+from gpu_share.observability.loops import LoopSupervisor
 from gpu_share.sharing.annotations import (
     assignment_key,
     encode_assignment,
@@ -45,11 +47,19 @@ from gpu_share.sharing.model import (
     ResourceNames,
 )
 from gpu_share.sharing.policy import make_policy
-from gpu_share.sharing.response import build_allocate_spec
+from gpu_share.sharing.response import MEMORY_REQUIRED, build_allocate_spec, host_dir_key
 
 log = logging.getLogger(__name__)
 
 RECONCILE_INTERVAL_S = 30.0
+# Max heartbeat ages (liveness): a pass may wait on PodResources and the API server
+# (each bounded by its client timeouts, at most about 30 s) and on the agent's lock,
+# which a kubelet call holds for as long; these leave room for both, several times.
+RECONCILE_MAX_AGE_S = RECONCILE_INTERVAL_S + 150.0
+REFRESH_MAX_AGE_S = 120.0
+HEALTH_MAX_AGE_EXTRA_S = 120.0  # on top of two poll intervals
+# stop(): the agent's share of the 5 s the process has after SIGTERM.
+STOP_TIMEOUT_S = 2.0
 
 
 class AgentMetrics:
@@ -62,7 +72,12 @@ class AgentMetrics:
     def ambiguous(self) -> None: ...
     def kube_error(self, op: str) -> None: ...
     def ledger_write(self) -> None: ...
+    def ledger_write_failed(self) -> None: ...
+    def ledger_quarantined(self, reason: str) -> None: ...
+    def ledger_anomaly(self, reason: str) -> None: ...
     def devices(self, rows: Sequence[DeviceRow]) -> None: ...
+    def memory_unit(self, configured_mib: int, in_use_mib: int) -> None: ...
+    def loop_error(self, loop: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -138,6 +153,7 @@ class NodeAgent:
         metrics: AgentMetrics | None = None,
         store: LedgerStore | None = None,
         clock: Callable[[], float] = time.time,
+        loops: LoopSupervisor | None = None,
     ) -> None:
         self.cfg = cfg
         self.backend = backend
@@ -145,6 +161,7 @@ class NodeAgent:
         self._pods = pods if cfg.identity.use_api_server else None
         self._metrics = metrics or AgentMetrics()
         self._store = store or LedgerStore(cfg.state_dir)
+        self._persist_failing = False  # the last ledger write failed (reported once)
         self._clock = clock
         self.names = ResourceNames(cfg.resources.memory_resource, cfg.resources.core_resource)
         self.feed = ChangeFeed()
@@ -153,9 +170,23 @@ class NodeAgent:
         self._devices: dict[str, Device] = {}
         self._stop = threading.Event()
         self._inventory_dirty = threading.Event()
+        self._reconcile_now = threading.Event()
+        self._reconcile_started = False
         self._threads: list[threading.Thread] = []
+        # Every background loop is supervised (logged, counted, restarted) and beats a
+        # heartbeat the liveness probe reads.
+        self.loops = loops or LoopSupervisor(on_error=self._metrics.loop_error)
         self.engine: AllocationEngine | None = None
+        # True once start() finished: only then may stop() write the ledger (an aborted
+        # start must never overwrite what is on disk).
+        self._started = False
         self._annotation_prefix = f"gpu-share.{cfg.resources.domain}"
+        # HAMi-core's per-container host dirs: made at Allocate, gone with the entry.
+        self._host_dirs = (
+            HostDirs(cfg.runtime.hami_core.cache_dir)
+            if cfg.runtime.enforcement is EnforcementMode.HAMI_CORE
+            else None
+        )
         self._publisher = (
             BackgroundPublisher(
                 publisher,
@@ -178,8 +209,10 @@ class NodeAgent:
         ledger."""
         devices = self.backend.devices()
         self._devices = {d.uuid: d for d in devices}
-        inventory = Inventory.from_devices(devices, self.cfg.memory_unit_mib)
-        ledger = self._load_ledger()
+        unit = self._unit_in_use()
+        inventory = Inventory.from_devices(devices, unit)
+        ledger = self._load_ledger(inventory)
+        recorded, ledger.unit_mib = ledger.unit_mib, unit
         self.engine = AllocationEngine(
             inventory,
             ledger,
@@ -189,6 +222,7 @@ class NodeAgent:
             decision_key=self._decision_key(),
             node_name=self.cfg.node_name,
         )
+        self._init_host_dirs()
         log.info(
             "devices discovered",
             extra={"devices": [d.uuid for d in devices], "backend": self.backend.name},
@@ -196,25 +230,62 @@ class NodeAgent:
         # Before serving: adopt every slice the kubelet knows (PodResources alone is enough
         # to never give one twice); the API server's view follows in the background.
         self.reconcile(use_api=False)
+        if self._stop.is_set():
+            return  # stopped while starting: spawn nothing
+        if recorded != unit:
+            with self._lock:
+                self._persist()  # the unit size the ledger's ids are cut in
+        self._metrics.memory_unit(self.cfg.memory_unit_mib, unit)
         if self._publisher is not None:
-            self._publisher.start()
+            self._publisher.start(self.loops)
             self._publisher.node_changed()
         self._report_devices()
-        self._spawn("health", self._health_loop)
-        self._spawn("reconcile", self._reconcile_loop)
-        self._spawn("refresh", self._refresh_loop)
+        health_age = 2 * self.cfg.health.poll_interval_seconds + HEALTH_MAX_AGE_EXTRA_S
+        self._threads = [
+            self.loops.spawn("health", self._health_step, max_age_s=health_age, stop=self._stop),
+            self.loops.spawn(
+                "reconcile", self._reconcile_step, max_age_s=RECONCILE_MAX_AGE_S, stop=self._stop
+            ),
+            self.loops.spawn(
+                "refresh", self._refresh_step, max_age_s=REFRESH_MAX_AGE_S, stop=self._stop
+            ),
+        ]
+        self._started = True
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Stop the loops and the backend within about ``timeout_s``; whatever is stuck
+        in a call (a loop, NVML's event wait) is left behind in its daemon thread.
+        Writes the ledger only after a complete start, and only if no kubelet call holds
+        the lock (such a call writes the ledger itself)."""
+        deadline = time.monotonic() + timeout_s
+
+        def left(reserve: float = 0.0) -> float:
+            return max(0.0, deadline - time.monotonic() - reserve)
+
         self._stop.set()
-        for t in self._threads:
-            t.join(timeout=5.0)
+        self._reconcile_now.set()
+        # The backend's stop wakes a health poll; NVML's may wait for the poll's lock.
+        backend_stop = threading.Thread(target=self.backend.stop, name="backend-stop",
+                                        daemon=True)
+        backend_stop.start()
         if self._publisher is not None:
-            self._publisher.flush(2.0)
-            self._publisher.stop()
-        with self._lock:
-            if self.engine is not None:
+            self._publisher.flush(min(0.5, left(1.0)))
+            self._publisher.stop(left(1.0))
+        for t in self._threads:
+            t.join(left(0.5))
+        stuck = [t.name for t in self._threads if t.is_alive()]
+        if stuck:
+            log.warning("loops still busy at stop, left behind: %s", ", ".join(stuck))
+        if self._started and self._lock.acquire(timeout=left(0.1)):
+            try:
                 self._persist()
-        self.backend.stop()
+            finally:
+                self._lock.release()
+        backend_stop.join(left())
+
+    def request_reconcile(self) -> None:
+        """Reconcile soon, from the reconcile loop (e.g. after the kubelet restarted)."""
+        self._reconcile_now.set()
 
     def handlers(self) -> list[ResourceServer]:
         return [
@@ -264,8 +335,15 @@ class NodeAgent:
                     else self._context()
                 )
                 result = engine.allocate(kind, ids, ctx)
+                try:
+                    spec = self._spec_for(result.entry)
+                except AllocationError as exc:
+                    if exc.reason == MEMORY_REQUIRED:  # refused: the kubelet runs nothing
+                        engine.ledger.remove(result.entry.ref)
+                    self._persist()
+                    raise
                 self._persist()
-                spec = self._spec_for(result.entry)
+                self._make_host_dir(resource, result.entry)
             self._after_call(resource, result)
             self._metrics.allocation(resource, result.entry.source)
             self.feed_inventory_changed()
@@ -295,6 +373,10 @@ class NodeAgent:
             pr = self._list_pod_resources()
             if pr is None:
                 log.warning("reconcile skipped: PodResources unreachable")
+                # Offers no Allocate followed expire all the same (docs/allocation.md).
+                if self._engine().reconcile(None, None, self._clock()).changed:
+                    self._persist()
+                    self.feed_inventory_changed()
                 return
             engine = self._engine()
             pods: dict[tuple[str, str], PodView | None] | None = None
@@ -305,6 +387,13 @@ class NodeAgent:
                         if e.created_at < listed_at}
                 pods.update({(p.namespace, p.name): p for p in listed})
             result = engine.reconcile(pr, pods, self._clock())
+            # Cached specs of released pods (or older than the list) must not name a later
+            # pod of the same name: its uid keys its ledger entry and host dirs.
+            for r in result.released:
+                self._pod_cache.pop((r.namespace, r.pod_name), None)
+            for p in listed or ():
+                if (p.namespace, p.name) in self._pod_cache:
+                    self._pod_cache[(p.namespace, p.name)] = p
             if result.changed:
                 self._persist()
                 for ns, name in result.pods_touched:
@@ -317,6 +406,8 @@ class NodeAgent:
                        "adopted": [str(r) for r in result.adopted]},
             )
             self.feed_inventory_changed()
+        self._sweep_host_dirs()
+        self._apply_configured_unit()
 
     def on_health(self, events: Sequence[HealthEvent]) -> None:
         changed = False
@@ -347,15 +438,14 @@ class NodeAgent:
         the background (off the kubelet's call path)."""
         self._inventory_dirty.set()
 
-    def _refresh_loop(self) -> None:
-        while not self._stop.is_set():
-            if not self._inventory_dirty.wait(0.5):
-                continue
-            self._inventory_dirty.clear()
-            self._report_devices()
-            if self._publisher is not None:
-                self._publisher.node_changed()
-            self._stop.wait(0.2)  # at most a few refreshes a second under load
+    def _refresh_step(self) -> None:
+        if not self._inventory_dirty.wait(0.5):
+            return
+        self._inventory_dirty.clear()
+        self._report_devices()
+        if self._publisher is not None:
+            self._publisher.node_changed()
+        self._stop.wait(0.2)  # at most a few refreshes a second under load
 
     # ---- internals ---------------------------------------------------------------------
 
@@ -367,30 +457,72 @@ class NodeAgent:
     def _resource(self, kind: ResourceKind) -> str:
         return self.names.memory if kind is ResourceKind.MEMORY else self.names.core
 
-    def _spawn(self, name: str, fn: Callable[[], None]) -> None:
-        t = threading.Thread(target=fn, name=name, daemon=True)
-        t.start()
-        self._threads.append(t)
+    # Loop steps: the supervisor calls each again and again; whatever one raises is
+    # logged, counted, and followed by a pause (observability.loops).
 
-    def _health_loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                events = self.backend.poll_health(self.cfg.health.poll_interval_seconds)
-            except GpuShareError as exc:
-                log.error("health poll failed: %s", exc)
-                self._stop.wait(self.cfg.health.poll_interval_seconds)
-                continue
-            if events:
-                self.on_health(events)
+    def _health_step(self) -> None:
+        events = self.backend.poll_health(self.cfg.health.poll_interval_seconds)
+        if events and not self._stop.is_set():
+            self.on_health(events)
 
-    def _reconcile_loop(self) -> None:
-        wait = 0.0  # the first full reconcile right after start
-        while not self._stop.wait(wait):
-            wait = RECONCILE_INTERVAL_S
-            try:
-                self.reconcile()
-            except GpuShareError as exc:
-                log.error("reconcile failed: %s", exc)
+    def _reconcile_step(self) -> None:
+        # The first full reconcile right after start, then every interval or on request.
+        if self._reconcile_started:
+            self._reconcile_now.wait(RECONCILE_INTERVAL_S)
+        self._reconcile_started = True
+        self._reconcile_now.clear()
+        if not self._stop.is_set():
+            self.reconcile()
+
+    # ---- memory unit size (docs/allocation.md, "Unit size changes") -------------------
+
+    def _unit_in_use(self) -> int:
+        """The configured memory unit size, except while the persisted ledger holds slices
+        cut in another size: their ids, and the MiB their containers were told, are in
+        that size; read in a new one, every device would be over- or under-counted (a
+        rollback to smaller units over-commits). That size is kept until no slice is left
+        (``_apply_configured_unit``). An unreadable ledger is left to ``_load_ledger``."""
+        want = self.cfg.memory_unit_mib
+        try:
+            text = self._store.load()
+            old = Ledger.from_json(text) if text is not None else None
+        except LedgerError:
+            return want
+        if old is None or not old.entries or old.unit_mib in (0, want):
+            return want  # 0: recorded by an older agent, the size is unknown
+        log.warning(
+            "memory unit size change deferred: running slices use the old size",
+            extra={"configured_mib": want, "in_use_mib": old.unit_mib,
+                   "entries": len(old.entries)},
+        )
+        self._ledger_event(
+            "MemoryUnitChangeDeferred",
+            f"memoryUnitMiB {want} is configured but {len(old.entries)} slice(s) were cut in"
+            f" {old.unit_mib} MiB units: the node keeps advertising {old.unit_mib} MiB units"
+            f" until no slice is left, then switches to {want} MiB",
+        )
+        return old.unit_mib
+
+    def _apply_configured_unit(self) -> None:
+        """A deferred unit size change takes effect once the ledger is empty (checked
+        after each reconcile with PodResources: every running slice is then in it)."""
+        want = self.cfg.memory_unit_mib
+        with self._lock:
+            engine = self._engine()
+            was = engine.inventory.unit_mib
+            if not engine.set_unit_mib(want):
+                return
+            self._persist()
+        log.info("memory unit size changed", extra={"from_mib": was, "to_mib": want})
+        self._metrics.memory_unit(want, want)
+        if self._publisher is not None:
+            self._publisher.event(
+                None, self.cfg.node_name, reason="MemoryUnitChanged",
+                message=f"no slice left: memory units are now {want} MiB (were {was} MiB)",
+                warning=False,
+            )
+        self.feed.bump()  # ListAndWatch sends the new unit list
+        self.feed_inventory_changed()
 
     def _decision_key(self) -> bytes | None:
         path = self.cfg.placement.decision_key_file
@@ -404,21 +536,72 @@ class NodeAgent:
             raise ConfigError(f"placement.decisionKeyFile {path} is empty")
         return key
 
-    def _load_ledger(self) -> Ledger:
+    def _load_ledger(self, inventory: Inventory) -> Ledger:
+        """The persisted ledger. One that cannot be read whole is quarantined (moved
+        aside, reported) and the agent starts empty: start() then re-adopts every running
+        container from PodResources. What a readable ledger says that cannot be true here
+        is reported and kept (docs/allocation.md, "Ledger file")."""
         try:
             data = self._store.load()
-            return Ledger.from_json(data) if data is not None else Ledger()
+            ledger = Ledger.from_json(data) if data is not None else Ledger()
         except LedgerError as exc:
-            moved = self._store.quarantine()
-            log.error(
-                "ledger unreadable, starting empty; PodResources reconciliation re-adopts"
-                " every running container",
-                extra={"error": str(exc), "moved_to": str(moved)},
-            )
+            self._quarantine_ledger(exc)
             return Ledger()
+        anomalies = ledger.anomalies(inventory)
+        for a in anomalies:
+            self._metrics.ledger_anomaly(a.reason)
+        for a in anomalies[:5]:
+            log.warning("ledger inconsistent: %s", a.message, extra={"reason": a.reason})
+        if anomalies:
+            self._ledger_event(
+                "LedgerInconsistent",
+                f"{len(anomalies)} ledger entr{'y' if len(anomalies) == 1 else 'ies'} cannot"
+                f" be true on this node, kept until PodResources corrects them (their units"
+                f" stay counted as used), e.g. {anomalies[0].message}",
+            )
+        return ledger
+
+    def _quarantine_ledger(self, exc: LedgerError) -> None:
+        try:
+            moved = self._store.quarantine()
+        except LedgerError as err:
+            moved = None
+            log.error("%s", err, extra={"reason": err.reason})
+        self._metrics.ledger_quarantined(exc.reason)
+        log.error(
+            "ledger unreadable, starting empty; PodResources reconciliation re-adopts"
+            " every running container",
+            extra={"reason": exc.reason, "error": exc.message, "moved_to": str(moved)},
+        )
+        self._ledger_event(
+            "LedgerQuarantined",
+            f"ledger unreadable ({exc.reason}: {exc.message}); moved to {moved}; starting"
+            " empty, running containers are re-adopted from PodResources",
+        )
+
+    def _ledger_event(self, reason: str, message: str) -> None:
+        if self._publisher is not None:
+            text = message if len(message) <= 1000 else message[:1000] + "..."
+            self._publisher.event(None, self.cfg.node_name, reason=reason, message=text,
+                                  warning=True)
 
     def _persist(self) -> None:
-        self._store.save(self._engine().ledger.to_json())
+        self._follow_host_dirs()  # before the ledger forgets an entry: its dir goes first
+        try:
+            self._store.save(self._engine().ledger.to_json())
+        except LedgerError as exc:
+            # Not the kubelet's problem: the ledger in memory stays authoritative and
+            # PodResources rebuilds the file's content after a restart; failing the call
+            # would only fail the pod. Reported once per failing stretch.
+            self._metrics.ledger_write_failed()
+            if not self._persist_failing:
+                self._persist_failing = True
+                log.error("ledger not written: %s", exc, extra={"reason": exc.reason})
+                self._ledger_event(exc.reason, f"ledger not written: {exc.message}")
+            return
+        if self._persist_failing:
+            self._persist_failing = False
+            log.info("ledger written again")
         self._metrics.ledger_write()
 
     def _list_pod_resources(self) -> PodResourcesView | None:
@@ -503,9 +686,58 @@ class NodeAgent:
             self._devices,
             self.backend.naming(),
             self.cfg.runtime,
-            self.cfg.memory_unit_mib,
+            self._engine().inventory.unit_mib,
             self._annotation_prefix,
+            memory_resource=self.names.memory,
         )
+
+    # ---- per-container host dirs (hami-core) -------------------------------------------
+
+    def _host_dir_keys(self) -> dict[str, frozenset[str]]:
+        return {
+            host_dir_key(e): frozenset(e.memory_ids + e.core_ids)
+            for e in self._engine().ledger.entries
+        }
+
+    def _init_host_dirs(self) -> None:
+        if self._host_dirs is None:
+            return
+        try:
+            self._host_dirs.ensure_root()
+        except OSError as exc:
+            log.error("hami-core cache dir %s unusable: %s", self._host_dirs.root, exc)
+        self._host_dirs.follow(self._host_dir_keys(), initial=True)
+
+    def _make_host_dir(self, resource: str, entry: LedgerEntry) -> None:
+        """The container's private cache dir. Not fatal: its name is unique to the pod
+        UID anyway; the runtime then creates it (root-owned 0755)."""
+        if self._host_dirs is None:
+            return
+        try:
+            self._host_dirs.create(host_dir_key(entry))
+        except (OSError, ValueError) as exc:
+            self._metrics.failure(resource, "HostDirUnavailable")
+            log.warning("host dir for %s not created: %s", entry.ref, exc)
+            if self._publisher is not None and entry.ref.namespace:
+                self._publisher.event(
+                    entry.ref.namespace, entry.ref.pod_name, reason="HostDirUnavailable",
+                    message=f"container {entry.ref.container_name}: cache dir not created: "
+                    f"{str(exc)[:200]}", warning=True,
+                )
+
+    def _follow_host_dirs(self) -> None:
+        if self._host_dirs is not None and self.engine is not None:
+            self._host_dirs.follow(self._host_dir_keys())
+
+    def _sweep_host_dirs(self) -> None:
+        """Delete released dirs (bounded per pass; the next reconcile goes on)."""
+        if self._host_dirs is None:
+            return
+        try:
+            self._host_dirs.sweep()
+        except OSError as exc:
+            self._host_dirs.failures += 1
+            log.warning("host dir cleanup: %s", exc)
 
     def _report_devices(self) -> None:
         with self._lock:
@@ -532,6 +764,17 @@ class NodeAgent:
 
     def _pod_annotations(self, namespace: str, name: str) -> Mapping[str, str | None] | None:
         with self._lock:
-            doc = self._engine().assignment_of(namespace, name)
-        # None removes a stale annotation once we hold nothing for the pod.
-        return {assignment_key(self.cfg.resources.domain): encode_assignment(doc) if doc else None}
+            engine = self._engine()
+            doc = engine.assignment_of(namespace, name)
+            uids = {e.ref.pod_uid for e in engine.ledger.pod_entries((namespace, name))}
+        key = assignment_key(self.cfg.resources.domain)
+        if doc is None:
+            return {key: None}  # removes a stale annotation once we hold nothing for the pod
+        # Signed for this pod's uid on this node when we have the extender's key, so the
+        # extender's view can tell it from a tenant's copy; unsigned (and ignored by the
+        # view) while the uid is unknown (degraded) or ambiguous.
+        uid = next(iter(uids)) if len(uids) == 1 else ""
+        signer = engine.decision_key
+        if signer and uid and self.cfg.node_name:
+            return {key: doc.encode(signer, pod_uid=uid, node=self.cfg.node_name)}
+        return {key: encode_assignment(doc)}

@@ -8,8 +8,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from gpu_share.agent.ports import Publisher
+from gpu_share.observability.loops import LoopSupervisor, describe_error
 
 log = logging.getLogger(__name__)
+
+PUBLISHER_LOOP = "publisher"
+# An idle publisher still beats this often.
+IDLE_BEAT_S = 1.0
+# One API call is bounded by the client's timeouts (connect retries + read, about 30 s);
+# the loop beats after each call, so only a call stuck far past them fails liveness.
+PUBLISHER_MAX_AGE_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -53,10 +61,16 @@ class BackgroundPublisher:
         self._stopping = False
         self._idle = True
         self._thread: threading.Thread | None = None
+        self._done = threading.Event()  # the loop's stop: set after the last pass
+        self._supervisor: LoopSupervisor | None = None
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="publisher", daemon=True)
-        self._thread.start()
+    def start(self, supervisor: LoopSupervisor | None = None) -> None:
+        """Publish from a supervised thread (a failing pass is logged, counted and
+        retried; the loop beats its heartbeat at least every ``IDLE_BEAT_S``)."""
+        self._supervisor = supervisor or LoopSupervisor()
+        self._thread = self._supervisor.spawn(
+            PUBLISHER_LOOP, self._step, max_age_s=PUBLISHER_MAX_AGE_S, stop=self._done
+        )
 
     def stop(self, timeout_s: float = 5.0) -> None:
         with self._cond:
@@ -64,6 +78,7 @@ class BackgroundPublisher:
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout_s)
+        self._done.set()  # ends the loop even when the last pass failed
 
     def node_changed(self) -> None:
         if self._enable[0]:
@@ -95,25 +110,38 @@ class BackgroundPublisher:
                 timeout_s,
             )
 
-    def _run(self) -> None:
-        while True:
+    def _step(self) -> None:
+        """One pass: wait for work (bounded, so the loop beats), publish it."""
+        with self._cond:
+            self._idle = True
+            self._cond.notify_all()
+            self._cond.wait_for(self._has_work, IDLE_BEAT_S)
+            if not self._has_work():
+                return
+            node_dirty, self._node_dirty = self._node_dirty, False
+            pods, self._pods = self._pods, set()
+            events, self._events = self._events, []
+            stopping = self._stopping
+            self._idle = False
+        try:
+            self._publish(node_dirty, pods, events)
+        except Exception:
+            # Annotations are state: publish them again on the next pass. Events are
+            # not retried (a duplicate Event is worse than a lost one).
+            with self._cond:
+                self._node_dirty |= node_dirty
+                self._pods |= pods
+                self._idle = True
+                self._cond.notify_all()
+            raise
+        if stopping:
             with self._cond:
                 self._idle = True
                 self._cond.notify_all()
-                self._cond.wait_for(
-                    lambda: self._stopping or self._node_dirty or bool(self._pods or self._events)
-                )
-                node_dirty, self._node_dirty = self._node_dirty, False
-                pods, self._pods = self._pods, set()
-                events, self._events = self._events, []
-                stopping = self._stopping
-                self._idle = False
-            self._publish(node_dirty, pods, events)
-            if stopping:
-                with self._cond:
-                    self._idle = True
-                    self._cond.notify_all()
-                return
+            self._done.set()
+
+    def _has_work(self) -> bool:
+        return self._stopping or self._node_dirty or bool(self._pods or self._events)
 
     def _publish(
         self, node_dirty: bool, pods: set[tuple[str, str]], events: list[_Event]
@@ -137,6 +165,8 @@ class BackgroundPublisher:
         try:
             fn(*args, **kw)
         except Exception as exc:  # publishing must never take the agent down
-            log.warning("%s failed: %s", what, exc)
+            log.warning("%s failed: %s", what, describe_error(exc))
             if self._on_error is not None:
                 self._on_error(what)
+        if self._supervisor is not None:
+            self._supervisor.beat(PUBLISHER_LOOP)

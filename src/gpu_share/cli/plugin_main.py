@@ -1,35 +1,52 @@
 """``gpu-share-plugin``: the node agent's composition root.
 
-Wires config -> logging -> device backend -> API server access (optional) -> node agent
--> one gRPC server per resource, and runs until SIGTERM/SIGINT.
+Wires config -> logging -> state-dir lock -> device backend -> API server access
+(optional) -> node agent -> one gRPC server per resource, and runs until SIGTERM/SIGINT.
+
+Lifecycle: every start step that can block (NVML init, PodResources, the API server)
+runs interruptibly, every background loop is supervised, and a SIGTERM in any state
+ends the process within ``EXIT_DEADLINE_S`` (the chart grants 30 s): ListAndWatch
+streams first send every device unhealthy (no pod is admitted against a dying agent),
+then the servers stop, then the agent; a watchdog ends whatever overran.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import signal
 import sys
 import threading
 from collections.abc import Mapping, Sequence
 from types import FrameType
 
+from gpu_share.agent.instance_lock import InstanceLock, InstanceLockError
 from gpu_share.agent.node_agent import AgentMetrics, DeviceRow, NodeAgent
 from gpu_share.agent.ports import PodSource, Publisher
-from gpu_share.config.loader import load_config
+from gpu_share.config.loader import InvalidConfigError, load_config
 from gpu_share.config.model import AgentConfig
 from gpu_share.devices.base import Device
 from gpu_share.devices.factory import start_backend
 from gpu_share.errors import ConfigError, DeviceBackendError, GpuShareError, KubeAccessError
-from gpu_share.observability.http import Heartbeat, start_http
+from gpu_share.observability.http import HttpHandle, start_http
 from gpu_share.observability.logging import configure_logging
+from gpu_share.observability.loops import Interrupted, LoopSupervisor, interruptible
 from gpu_share.observability.metrics import Metrics
 from gpu_share.plugin.manager import PluginManager
 from gpu_share.plugin.podresources import PodResourcesClient
-from gpu_share.plugin.sizeguard import UnitGroup, check_unit_lists
-from gpu_share.sharing.ids import unit_id
-from gpu_share.sharing.model import PodView, ResourceKind
+from gpu_share.plugin.sizeguard import guard_devices
+from gpu_share.sharing.model import PodView
 
 log = logging.getLogger("gpu_share.plugin_main")
+
+# SIGTERM to exit, in every state: at most EXIT_DEADLINE_S (the watchdog's bound); the
+# steps below normally need much less.
+EXIT_DEADLINE_S = 4.5
+DRAIN_TIMEOUT_S = 1.0  # ListAndWatch streams hand the all-unhealthy list to the kubelet
+PLUGINS_STOP_TIMEOUT_S = 1.0
+AGENT_STOP_TIMEOUT_S = 1.5
+KUBE_INIT_MAX_AGE_S = 120.0  # importing the client and reading its config
 
 
 class PrometheusAgentMetrics(AgentMetrics):
@@ -58,11 +75,27 @@ class PrometheusAgentMetrics(AgentMetrics):
     def ledger_write(self) -> None:
         self.m.ledger_writes_total.inc()
 
+    def ledger_write_failed(self) -> None:
+        self.m.ledger_write_failures_total.inc()
+
+    def ledger_quarantined(self, reason: str) -> None:
+        self.m.ledger_quarantined_total.labels(reason=reason).inc()
+
+    def ledger_anomaly(self, reason: str) -> None:
+        self.m.ledger_anomalies_total.labels(reason=reason).inc()
+
     def devices(self, rows: Sequence[DeviceRow]) -> None:
         for row in rows:
             self.m.set_device_healthy(row.device, row.healthy)
             for resource, used, total in row.units:
                 self.m.set_device_units(row.device, resource, used, total - used)
+
+    def loop_error(self, loop: str) -> None:
+        self.m.loop_errors_total.labels(loop=loop).inc()
+
+    def memory_unit(self, configured_mib: int, in_use_mib: int) -> None:
+        self.m.memory_unit_mib.labels(unit="configured").set(configured_mib)
+        self.m.memory_unit_mib.labels(unit="in-use").set(in_use_mib)
 
 
 class _LazyKube:
@@ -74,13 +107,23 @@ class _LazyKube:
     as absent (identity from PodResources, no annotations or Events).
     """
 
-    def __init__(self, cfg: AgentConfig, metrics: Metrics) -> None:
+    def __init__(self, cfg: AgentConfig, metrics: Metrics, loops: LoopSupervisor) -> None:
         self._cfg = cfg
         self._metrics = metrics
         self._ready = threading.Event()
+        self._closed = threading.Event()
         self.pods: PodSource | None = None
         self.publisher: Publisher | None = None
-        threading.Thread(target=self._build, name="kube-init", daemon=True).start()
+        # Supervised: an unexpected failure is logged, counted and retried (callers stop
+        # waiting after the first try either way).
+        loops.spawn(
+            "kube-init", self._build, max_age_s=KUBE_INIT_MAX_AGE_S, stop=self._closed, once=True
+        )
+
+    def close(self) -> None:
+        """Shutting down: nobody waits for the clients any more."""
+        self._closed.set()
+        self._ready.set()
 
     def _build(self) -> None:
         try:
@@ -146,133 +189,230 @@ class _LazyKube:
             p.node_event(node_name, reason=reason, message=message, warning=warning)
 
 
-def _kube_clients(cfg: AgentConfig, metrics: Metrics) -> tuple[PodSource | None, Publisher | None]:
-    """API server access (built in the background), or (None, None) when not wanted."""
+def _kube_clients(cfg: AgentConfig, metrics: Metrics, loops: LoopSupervisor) -> _LazyKube | None:
+    """API server access (built in the background), or None when not wanted."""
     publishes = any((cfg.publish.node_annotation, cfg.publish.pod_annotation, cfg.publish.events))
     if not (cfg.identity.use_api_server or publishes):
-        return None, None
-    lazy = _LazyKube(cfg, metrics)
-    return (lazy if cfg.identity.use_api_server else None), (lazy if publishes else None)
+        return None
+    return _LazyKube(cfg, metrics, loops)
 
 
 def _guard_sizes(cfg: AgentConfig, devices: Sequence[Device]) -> None:
-    """Refuse a config whose ListAndWatch answer would exceed 1 MiB (before any list is
-    built: a bad unit size can mean millions of ids)."""
-    for kind, resource in (
-        (ResourceKind.MEMORY, cfg.resources.memory_resource),
-        (ResourceKind.CORE, cfg.resources.core_resource),
-    ):
-
-        def groups(unit: int | None, kind: ResourceKind = kind) -> list[UnitGroup]:
-            size = unit or cfg.memory_unit_mib
-            return [
-                (d.uuid, d.memory_mib // size if kind is ResourceKind.MEMORY else 100,
-                 d.numa_node)
-                for d in devices
-            ]
-
-        check_unit_lists(
-            resource,
-            lambda uuid, i, kind=kind: unit_id(uuid, kind, i),  # type: ignore[misc]
-            groups,
-            unit_mib=cfg.memory_unit_mib if kind is ResourceKind.MEMORY else None,
-        )
+    """Refuse a config these devices cannot serve (ListAndWatch over 1 MiB, a device
+    smaller than one unit), before any list is built: a bad unit size can mean millions
+    of ids. The same check as ``gpu-share config validate`` (InvalidConfigError)."""
+    guard_devices(cfg, devices)
 
 
 def run(cfg: AgentConfig, stop: threading.Event) -> int:
+    """Run until ``stop`` is set; the exit code. Returns within a few seconds of
+    ``stop`` in every state."""
     metrics = Metrics()
+    loops = LoopSupervisor(on_error=PrometheusAgentMetrics(metrics).loop_error)
+    lock = InstanceLock(cfg.state_dir)
     try:
-        backend = start_backend(cfg)
-    except DeviceBackendError as exc:
-        log.error("device backend failed: %s", exc, extra={"reason": exc.reason})
-        return 1
-    pods, publisher = _kube_clients(cfg, metrics)
-    pr = PodResourcesClient(
-        cfg.kubelet.pod_resources_socket,
-        timeout_s=cfg.kubelet.pod_resources_timeout_seconds,
-        resource_names=[cfg.resources.memory_resource, cfg.resources.core_resource],
-    )
-    agent = NodeAgent(
-        cfg, backend, pod_resources=pr, pods=pods, publisher=publisher,
-        metrics=PrometheusAgentMetrics(metrics),
-    )
-    try:
-        _guard_sizes(cfg, backend.devices())
-        agent.start()
-    except GpuShareError as exc:
+        # Before the backend, the ledger or any socket: a second agent on this state
+        # dir must change nothing of the first's.
+        lock.acquire()
+    except InstanceLockError as exc:
         log.error("cannot start: %s", exc, extra={"reason": exc.reason})
-        agent.stop()
         return 1
-
-    manager = PluginManager(agent.handlers(), cfg.kubelet.device_plugin_dir)
-    heartbeat = Heartbeat(max_age_s=30.0)
-    http = None
-    if cfg.metrics.enabled:
-        # Before any socket is served: a port clash must not leave the kubelet with a
-        # plugin that registered and vanished.
-        try:
-            http = start_http(
-                metrics.registry,
-                bind_address=cfg.metrics.bind_address,
-                port=cfg.metrics.port,
-                liveness=heartbeat.alive,
-                readiness=lambda: all(p.registered for p in manager.plugins),
-            )
-        except OSError as exc:
-            log.error("cannot serve metrics on %s:%s: %s", cfg.metrics.bind_address,
-                      cfg.metrics.port, exc)
-            agent.stop()
-            return 1
-        log.info("metrics and probes served", extra={"port": http.port})
-    runner = threading.Thread(target=manager.run_until, args=(stop,), name="plugins", daemon=True)
+    node = _Node(cfg, metrics, loops, stop)
     try:
-        manager.start(require_registration=False)
-        runner.start()
-        seen = {p.handler.resource_name: p.registrations for p in manager.plugins}
-        while not stop.wait(0.5):
-            if not runner.is_alive():
-                log.error("plugin manager stopped unexpectedly")
-                return 1
-            heartbeat.beat()
-            for p in manager.plugins:
-                name = p.handler.resource_name
-                if p.registrations > seen[name]:
-                    metrics.registrations_total.labels(resource=name).inc(
-                        p.registrations - seen[name]
-                    )
-                    if seen[name] > 0:
-                        metrics.reregistrations_total.inc()
-                        # The kubelet restarted: catch up with what it now knows.
-                        threading.Thread(target=agent.reconcile, daemon=True).start()
-                    seen[name] = p.registrations
-        return 0
+        return node.run()
     finally:
+        node.shutdown()
+        lock.release()
+
+
+class _Node:
+    """What ``run`` started, so that shutdown stops exactly that, in order."""
+
+    def __init__(
+        self, cfg: AgentConfig, metrics: Metrics, loops: LoopSupervisor, stop: threading.Event
+    ) -> None:
+        self.cfg = cfg
+        self.metrics = metrics
+        self.loops = loops
+        self.stop = stop
+        self.kube: _LazyKube | None = None
+        self.pr: PodResourcesClient | None = None
+        self.agent: NodeAgent | None = None
+        self.manager: PluginManager | None = None
+        self.http: HttpHandle | None = None
+        self._seen: dict[str, int] = {}
+
+    def run(self) -> int:
+        try:
+            self._start()
+        except Interrupted as exc:
+            log.info("stopped while starting (%s)", exc)
+            return 0
+        except DeviceBackendError as exc:
+            log.error("device backend failed: %s", exc, extra={"reason": exc.reason})
+            return 1
+        except InvalidConfigError as exc:
+            # Same exit code as a config refused at load: the devices make it invalid.
+            log.error("cannot start: %s", exc, extra={"reason": exc.reason})
+            return 2
+        except GpuShareError as exc:
+            log.error("cannot start: %s", exc, extra={"reason": exc.reason})
+            return 1
+        while not self.stop.wait(1.0):
+            pass
+        return 0
+
+    def _start(self) -> None:
+        cfg, stop = self.cfg, self.stop
+        backend = interruptible(lambda: start_backend(cfg), stop, name="backend-start")
+        self.kube = _kube_clients(cfg, self.metrics, self.loops)
+        use_api = self.kube is not None and cfg.identity.use_api_server
+        publishes = self.kube is not None and any(
+            (cfg.publish.node_annotation, cfg.publish.pod_annotation, cfg.publish.events)
+        )
+        self.pr = PodResourcesClient(
+            cfg.kubelet.pod_resources_socket,
+            timeout_s=cfg.kubelet.pod_resources_timeout_seconds,
+            resource_names=[cfg.resources.memory_resource, cfg.resources.core_resource],
+        )
+        agent = self.agent = NodeAgent(
+            cfg, backend, pod_resources=self.pr,
+            pods=self.kube if use_api else None,
+            publisher=self.kube if publishes else None,
+            metrics=PrometheusAgentMetrics(self.metrics), loops=self.loops,
+        )
+
+        def start_agent() -> None:
+            _guard_sizes(cfg, backend.devices())
+            agent.start()
+
+        interruptible(start_agent, stop, name="agent-start")
+        manager = self.manager = PluginManager(agent.handlers(), cfg.kubelet.device_plugin_dir)
+        if cfg.metrics.enabled:
+            # Before any socket is served: a port clash must not leave the kubelet with a
+            # plugin that registered and vanished.
+            try:
+                self.http = start_http(
+                    self.metrics.registry,
+                    bind_address=cfg.metrics.bind_address,
+                    port=cfg.metrics.port,
+                    # 503 naming any loop whose heartbeat is too old.
+                    liveness=self.loops.check,
+                    readiness=lambda: all(p.registered for p in manager.plugins),
+                )
+            except OSError as exc:
+                raise GpuShareError(
+                    f"cannot serve metrics on {cfg.metrics.bind_address}:{cfg.metrics.port}:"
+                    f" {exc}", reason="MetricsPortUnavailable",
+                ) from exc
+            log.info("metrics and probes served", extra={"port": self.http.port})
+        # Serve now, so that a socket the OS refuses (path too long, another live
+        # server) ends the start with its cause; registering waits for kubelet.sock in
+        # the supervised loop below, where SIGTERM is answered at once.
+        manager.serve()
+        self._seen = {p.handler.resource_name: p.registrations for p in manager.plugins}
+        self.loops.spawn("plugins", self._plugins_step, max_age_s=_plugins_max_age(manager),
+                         stop=stop)
+
+    def _plugins_step(self) -> None:
+        manager = self.manager
+        assert manager is not None and self.agent is not None
+        manager.reconcile()
+        for p in manager.plugins:
+            name = p.handler.resource_name
+            if p.registrations > self._seen[name]:
+                self.metrics.registrations_total.labels(resource=name).inc(
+                    p.registrations - self._seen[name]
+                )
+                if self._seen[name] > 0:
+                    self.metrics.reregistrations_total.inc()
+                    # The kubelet restarted: catch up with what it now knows.
+                    self.agent.request_reconcile()
+                self._seen[name] = p.registrations
+        self.stop.wait(manager.settings.poll_interval_s)
+
+    def shutdown(self) -> None:
         log.info("shutting down")
-        manager.stop()
-        runner.join(timeout=5.0)
-        agent.stop()
-        pr.close()
-        if http is not None:
-            http.stop()
+        self.stop.set()
+        if self.kube is not None:
+            self.kube.close()
+        if self.manager is not None:
+            # Tell the kubelet the devices are going before the streams end.
+            if not self.manager.drain(DRAIN_TIMEOUT_S):
+                log.warning("a ListAndWatch stream did not take the unhealthy device list"
+                            " within %.1fs", DRAIN_TIMEOUT_S)
+            self.manager.stop(PLUGINS_STOP_TIMEOUT_S)
+        self.loops.stop_event.set()
+        if self.agent is not None:
+            self.agent.stop(AGENT_STOP_TIMEOUT_S)
+        if self.pr is not None:
+            self.pr.close()
+        if self.http is not None:
+            self.http.stop(0.5)
+        log.info("stopped")
+
+
+def _plugins_max_age(manager: PluginManager) -> float:
+    """One pass may register every resource (each bounded by its retry policy) and
+    re-serve it; the heartbeat allows all of that, with room."""
+    st = manager.settings
+    reg = st.registration
+    per_plugin = reg.max_total_s + 2 * reg.call_timeout_s + reg.max_backoff_s
+    return len(manager.plugins) * (per_plugin + st.serve.stop_timeout_s) + 60.0
+
+
+class _ExitWatchdog:
+    """Ends the process when shutdown overruns ``EXIT_DEADLINE_S`` -- a call stuck past
+    every timeout, or a worker thread the interpreter would wait for at exit."""
+
+    def __init__(self) -> None:
+        self.code = 1  # until run() returned
+        self._timer: threading.Timer | None = None
+
+    def arm(self, seconds: float) -> None:
+        if self._timer is None:
+            self._timer = threading.Timer(seconds, self._fire)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _fire(self) -> None:
+        if self.code != 0:
+            log.error("shutdown did not finish within %.1fs; exiting now", EXIT_DEADLINE_S)
+        _exit_now(self.code)
+
+
+def _exit_now(code: int) -> None:
+    """Exit without waiting for abandoned threads (a kubelet call stuck in its timeout,
+    gRPC workers): everything that matters was stopped or written already."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         cfg = load_config(argv)
     except ConfigError as exc:
-        print(f"gpu-share-plugin: invalid configuration:\n{exc}", file=sys.stderr)
+        print(f"gpu-share-plugin: {exc}", file=sys.stderr)
         return 2
     configure_logging(cfg.logging.level, cfg.logging.format)
     stop = threading.Event()
+    watchdog = _ExitWatchdog()
 
     def _on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("signal received", extra={"signal": signal.Signals(signum).name})
+        watchdog.arm(EXIT_DEADLINE_S)
         stop.set()
 
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
     log.info("starting", extra={"node": cfg.node_name, "backend": cfg.backend.value})
-    return run(cfg, stop)
+    code = run(cfg, stop)
+    watchdog.code = code
+    _exit_now(code)
+    return code  # not reached
 
 
 if __name__ == "__main__":

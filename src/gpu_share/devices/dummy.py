@@ -5,7 +5,8 @@ stable uuids across restarts, per-device nodes, NUMA spread, health changes
 reported through ``poll_health``.
 
 Fault file: ``{"unhealthy": ["<uuid or index>", ...]}``. A missing file means all
-healthy. A malformed file is logged and the last good state kept. The state read at
+healthy. A malformed file (``FaultFileError``: not JSON, nested too deep, over 1 MiB,
+wrong shape) is logged and the last good state kept; fixing the file applies it. The state read at
 ``start()`` is the baseline (visible through ``devices()``); ``poll_health`` reports
 changes from then on.
 """
@@ -24,6 +25,7 @@ from dataclasses import replace
 
 from gpu_share.config.model import DummyConfig
 from gpu_share.devices.base import Device, DeviceNode, HealthEvent, RuntimeNaming
+from gpu_share.errors import DeviceBackendError
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +37,17 @@ FAULT_REASON = "fault-file"
 # How often poll_health re-checks the file while waiting for a change.
 DEFAULT_CHECK_INTERVAL_S = 0.25
 
+# The file lists a few devices; anything much larger is a mistake (or an attack).
+MAX_FAULT_FILE_BYTES = 1 << 20
+FAULT_FILE_MALFORMED = "FaultFileMalformed"
+
 _FileSig = tuple[int, int, int] | None  # (inode, size, mtime_ns); None = no file
+
+
+class FaultFileError(DeviceBackendError):
+    """The fault file is unreadable or malformed; the last good health state stays."""
+
+    reason = FAULT_FILE_MALFORMED
 
 
 def dummy_uuid(prefix: str, node_name: str, index: int) -> str:
@@ -70,23 +82,39 @@ def write_faults(path: str, devices: Iterable[str | int]) -> None:
 def read_faults(path: str) -> list[str]:
     """Entries of the fault file as strings; [] when it does not exist.
 
-    Raises ValueError when the file is malformed.
+    Raises ``FaultFileError`` (a ``DeviceBackendError``) when the file cannot be read
+    or is malformed -- too large, not JSON, nested too deep for the parser, wrong shape.
     """
     try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_FAULT_FILE_BYTES + 1)
     except FileNotFoundError:
         return []
-    if not text.strip():
-        return []
-    data = json.loads(text)
+    except OSError as exc:
+        raise FaultFileError(f"cannot read: {exc}") from exc
+    if len(raw) > MAX_FAULT_FILE_BYTES:
+        raise FaultFileError(f"larger than {MAX_FAULT_FILE_BYTES} bytes")
+    try:
+        text = raw.decode("utf-8")
+        if not text.strip():
+            return []
+        data = json.loads(text)
+    # RecursionError: a deeply nested array ("[" * 100000) exhausts the parser's stack.
+    except (ValueError, RecursionError) as exc:
+        raise FaultFileError(f"not valid JSON: {_short(exc)}") from None
     if not isinstance(data, dict) or not isinstance(data.get("unhealthy", []), list):
-        raise ValueError('expected {"unhealthy": [<uuid or index>, ...]}')
+        raise FaultFileError('expected {"unhealthy": [<uuid or index>, ...]}')
     entries = data.get("unhealthy", [])
     for entry in entries:
         if isinstance(entry, bool) or not isinstance(entry, str | int):
-            raise ValueError(f"entry {entry!r} is neither a uuid nor an index")
+            raise FaultFileError(f"entry {_short(entry)} is neither a uuid nor an index")
     return [str(e) for e in entries]
+
+
+def _short(value: object) -> str:
+    """Bounded text for a log line or message (the file may hold anything)."""
+    text = str(value) if isinstance(value, BaseException) else repr(value)
+    return text if len(text) <= 100 else text[:100] + "..."
 
 
 class DummyBackend:
@@ -192,7 +220,7 @@ class DummyBackend:
         path = self._config.fault_file
         try:
             entries = read_faults(path)
-        except (OSError, ValueError) as exc:
+        except FaultFileError as exc:
             self.fault_file_error = f"{path}: {exc}"
             log.warning(
                 "dummy fault file is malformed; keeping the last health state",
@@ -208,7 +236,7 @@ class DummyBackend:
             if uuid is None:
                 log.warning(
                     "dummy fault file names an unknown device; ignored",
-                    extra={"path": path, "entry": entry},
+                    extra={"path": path, "entry": _short(entry)},
                 )
                 continue
             out.add(uuid)

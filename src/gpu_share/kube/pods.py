@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import random
 import threading
 from collections.abc import Iterator, Mapping
 from datetime import datetime
@@ -26,6 +25,7 @@ from gpu_share.kube.client import (
     access_error,
     call_json,
 )
+from gpu_share.observability.loops import Backoff, LoopSupervisor
 from gpu_share.sharing.model import ContainerKind, ContainerRequest, ContainerView, PodView
 from gpu_share.sharing.quantity import QuantityError, parse_quantity
 
@@ -270,11 +270,15 @@ class NodePodCache:
         *,
         watch_timeout_s: int = 300,
         backoff_s: tuple[float, float] = (0.5, 30.0),
+        loops: LoopSupervisor | None = None,
     ) -> None:
         self._source = source
         self._node = node_name
         self._watch_timeout_s = watch_timeout_s
-        self._backoff_min, self._backoff_max = backoff_s
+        # The watch runs supervised: a failure is logged (rate-limited), counted, and
+        # followed by a growing pause within backoff_s.
+        self._loops = loops or LoopSupervisor(backoff=Backoff(*backoff_s))
+        self._rv: str | None = None  # None: relist first
         self._lock = threading.Lock()
         self._pods: dict[tuple[str, str], PodView] = {}
         self._healthy = threading.Event()
@@ -288,10 +292,12 @@ class NodePodCache:
     def start(self) -> None:
         if self._thread is not None:
             raise RuntimeError("NodePodCache already started")
-        self._thread = threading.Thread(
-            target=self._run, name=f"pod-watch-{self._node}", daemon=True
+        # A quiet watch beats once per server-side timeout; allow that, a read timeout
+        # and the longest pause, with room.
+        max_age = self._watch_timeout_s + 180.0
+        self._thread = self._loops.spawn(
+            "pod-watch", self._step, max_age_s=max_age, stop=self._stop
         )
-        self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
@@ -345,26 +351,21 @@ class NodePodCache:
             if hasattr(resp, "shutdown"):
                 resp.shutdown()
 
-    def _run(self) -> None:
-        delay = self._backoff_min
-        while not self._stop.is_set():
-            try:
-                rv = self._relist()
-                delay = self._backoff_min
-                while not self._stop.is_set():
-                    rv = self._watch(rv)
-            except _Gone:
-                log.info("pod watch of node %s expired (410); relisting", self._node)
-                continue
-            except Exception as e:  # the thread must survive anything and retry
-                if self._stop.is_set():
-                    break
+    def _step(self) -> None:
+        """One pass: list when needed, then one watch. Whatever it raises goes to the
+        supervisor (logged, counted, a pause) and the next pass relists."""
+        try:
+            if self._rv is None:
+                self._rv = self._relist()
+            self._rv = self._watch(self._rv)
+        except _Gone:
+            log.info("pod watch of node %s expired (410); relisting", self._node)
+            self._rv = None
+        except Exception:
+            self._rv = None
+            if not self._stop.is_set():
                 self._healthy.clear()
-                log.warning(
-                    "pod watch of node %s failed: %s; retrying in %.1fs", self._node, e, delay
-                )
-                self._stop.wait(delay * (0.5 + random.random()))
-                delay = min(delay * 2, self._backoff_max)
+                raise
 
     def _relist(self) -> str:
         items, rv = self._source.list_node_pod_objects(self._node)

@@ -105,10 +105,40 @@ class Metrics:
             "Writes of the persisted allocation ledger.",
             registry=r,
         )
+        self.ledger_write_failures_total = Counter(
+            f"{PREFIX}_ledger_write_failures_total",
+            "Writes of the ledger file that failed (disk full, EACCES, ...).",
+            registry=r,
+        )
+        self.ledger_quarantined_total = Counter(
+            f"{PREFIX}_ledger_quarantined_total",
+            "Unreadable ledger files moved aside at start, by why.",
+            ["reason"],
+            registry=r,
+        )
+        self.ledger_anomalies_total = Counter(
+            f"{PREFIX}_ledger_anomalies_total",
+            "Loaded ledger entries that cannot be true on this node (kept), by why.",
+            ["reason"],
+            registry=r,
+        )
         self.kube_errors_total = Counter(
             f"{PREFIX}_kube_errors_total",
             "Failed calls to the API server or PodResources, by operation.",
             ["op"],
+            registry=r,
+        )
+        self.loop_errors_total = Counter(
+            f"{PREFIX}_loop_errors_total",
+            "Failed passes of a supervised background loop (it went on after a pause).",
+            ["loop"],
+            registry=r,
+        )
+        self.memory_unit_mib = Gauge(
+            f"{PREFIX}_memory_unit_mib",
+            "Memory unit size in MiB, configured and in use (they differ while slices cut "
+            "in an older size run).",
+            ["unit"],
             registry=r,
         )
 

@@ -100,8 +100,12 @@ class ResourcePlugin:
 
     def reconcile(self, abort: threading.Event | None = None) -> None:
         """One watch step: re-serve and re-register where needed."""
+        if abort is not None and abort.is_set():
+            return  # stopping: never serve again
         kubelet = socket_identity(self.kubelet_socket)
-        if not self._still_serving():
+        if self.server is None:
+            self.serve()  # the first serve, or a retry after serving failed
+        elif not self._still_serving():
             log.warning(
                 "%s: our socket %s is gone; serving again",
                 self.handler.resource_name,
@@ -123,10 +127,14 @@ class ResourcePlugin:
                 log.error("%s", exc)
                 self._next_try = time.monotonic() + self.settings.retry_pause_s
 
-    def stop(self) -> None:
+    def drain(self, timeout_s: float) -> bool:
+        server = self.server
+        return server.drain(timeout_s) if server is not None else True
+
+    def stop(self, timeout_s: float | None = None) -> None:
         server, self.server = self.server, None
         if server is not None:
-            server.stop()
+            server.stop(timeout_s)
         self._registered_with = None
 
 
@@ -175,13 +183,38 @@ class PluginManager:
                         raise
                     log.error("%s", exc)
 
+    def serve(self) -> None:
+        """Serve every resource (no registration: ``reconcile`` registers once
+        kubelet.sock is there). Raises ``ServeError`` naming the socket that cannot be
+        served; those already serving keep serving (call ``stop()``)."""
+        with self._lock:
+            if self._stopping.is_set():
+                raise RuntimeError("PluginManager was stopped")
+            for plugin in self.plugins:
+                plugin.serve()
+
     def reconcile(self) -> None:
-        """One watch step for every resource (``run_until`` calls this in a loop)."""
+        """One watch step for every resource (``run_until`` calls this in a loop). Each
+        resource is tried; the first failure is raised after all were."""
+        failure: Exception | None = None
         with self._lock:
             for plugin in self.plugins:
                 if self._stopping.is_set():
                     return
-                plugin.reconcile(self._stopping)
+                try:
+                    plugin.reconcile(self._stopping)
+                except Exception as exc:  # one resource's failure must not starve the other
+                    failure = failure or exc
+        if failure is not None:
+            raise failure
+
+    def drain(self, timeout_s: float) -> bool:
+        """Every open ListAndWatch stream sends its devices as unhealthy (the kubelet
+        then admits no pod against them); True when all did within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        for p in self.plugins:
+            p.drain(0.0)  # every stream starts at once
+        return all([p.drain(max(0.0, deadline - time.monotonic())) for p in self.plugins])
 
     def run_until(self, stop_event: threading.Event) -> None:
         """Watch and repair until ``stop_event`` is set or ``stop()`` is called; then stop."""
@@ -192,9 +225,18 @@ class PluginManager:
         finally:
             self.stop()
 
-    def stop(self) -> None:
-        """Stop serving and remove our sockets. Idempotent; safe from any thread."""
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop serving and remove our sockets within about ``timeout_s``. Idempotent;
+        safe from any thread."""
+        deadline = time.monotonic() + timeout_s
         self._stopping.set()  # interrupts registration retries first
-        with self._lock:
+        # A registration call in flight holds the lock for at most its call timeout;
+        # past the deadline the servers are stopped anyway (each has its own lock).
+        locked = self._lock.acquire(timeout=max(0.0, deadline - time.monotonic() - 1.0))
+        try:
             for plugin in self.plugins:
-                plugin.stop()
+                # Past the deadline a server still stops at once (no grace, no waiting).
+                plugin.stop(max(0.0, deadline - time.monotonic()))
+        finally:
+            if locked:
+                self._lock.release()

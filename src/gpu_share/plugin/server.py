@@ -7,12 +7,17 @@ codes; every decision is the handler's.
 from __future__ import annotations
 
 import contextlib
+import errno
+import itertools
 import logging
 import os
+import socket
+import stat
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
 from concurrent import futures
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NoReturn
 
@@ -24,11 +29,77 @@ from gpu_share.plugin.handler import ResourceHandler
 from gpu_share.plugin.proto import deviceplugin_v1beta1_pb2 as dp
 from gpu_share.plugin.proto import deviceplugin_v1beta1_pb2_grpc as dp_grpc
 from gpu_share.plugin.watcher import SocketId, socket_identity
+from gpu_share.sharing.model import AdvertisedDevice
 
 log = logging.getLogger(__name__)
 
 # Trailing-metadata key carrying the error's ``reason`` next to the status message.
 REASON_METADATA_KEY = "gpu-share-reason"
+# Status messages may quote what the caller sent: never more than this many characters.
+MAX_STATUS_MESSAGE = 1024
+
+# sockaddr_un.sun_path holds 108 bytes on Linux, the last one the terminating NUL.
+UNIX_PATH_MAX = 107
+# Reasons of ``ServeError``.
+SOCKET_PATH_TOO_LONG = "SocketPathTooLong"
+SOCKET_IN_USE = "SocketInUse"
+SOCKET_BIND_FAILED = "SocketBindFailed"
+
+
+class ServeError(GpuShareError):
+    """A device-plugin socket cannot be served (path too long, in use, bind refused)."""
+
+    reason = SOCKET_BIND_FAILED
+
+
+def check_socket_path(path: Path) -> str:
+    """The ``unix://`` target for ``path``; raises ``ServeError`` when the OS cannot bind
+    it (gRPC would only say "Failed to bind")."""
+    full = os.fsencode(path.resolve())
+    if len(full) > UNIX_PATH_MAX:
+        raise ServeError(
+            f"socket path {os.fsdecode(full)} is {len(full)} bytes, the limit is"
+            f" {UNIX_PATH_MAX} (AF_UNIX); use a shorter kubelet.devicePluginDir",
+            reason=SOCKET_PATH_TOO_LONG,
+        )
+    return f"unix://{os.fsdecode(full)}"
+
+
+def claim_socket_path(path: Path, probe_timeout_s: float = 1.0) -> None:
+    """Make ``path`` free to bind: remove a stale socket (or file) left there, but refuse
+    (``ServeError``) when a live server answers on it -- it is someone else's."""
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        raise ServeError(f"socket path {path} is a directory", reason=SOCKET_IN_USE)
+    if stat.S_ISSOCK(st.st_mode) and _answers(path, probe_timeout_s):
+        raise ServeError(
+            f"socket {path} is served by another live process (another agent on this"
+            " node?); not taking it over",
+            reason=SOCKET_IN_USE,
+        )
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()  # stale: a crash, a killed agent, kubelet leftovers
+
+
+def _answers(path: Path, timeout_s: float) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(timeout_s)
+        try:
+            probe.connect(os.fspath(path))
+        except TimeoutError:
+            return True  # a full backlog: someone listens
+        except OSError as exc:
+            if exc.errno in (errno.ECONNREFUSED, errno.ENOENT):
+                return False
+            raise ServeError(f"cannot probe socket {path}: {exc}") from exc
+        return True
+
+
+def _unhealthy(devices: Sequence[AdvertisedDevice]) -> list[AdvertisedDevice]:
+    return [replace(d, healthy=False) for d in devices]
 
 
 @dataclass(frozen=True)
@@ -39,6 +110,8 @@ class ServeOptions:
     max_workers: int = 16
     # Grace for in-flight unary calls when stopping.
     stop_grace_s: float = 0.5
+    # The longest stop() waits for the server and its streams to end.
+    stop_timeout_s: float = 5.0
 
 
 def status_for(exc: BaseException) -> grpc.StatusCode:
@@ -62,6 +135,8 @@ def _abort(context: grpc.ServicerContext, exc: Exception, call: str) -> NoReturn
     else:
         reason, message = "Internal", f"{type(exc).__name__}: {exc}"
         log.exception("%s failed unexpectedly", call)
+    if len(message) > MAX_STATUS_MESSAGE:
+        message = message[: MAX_STATUS_MESSAGE - 3] + "..."
     context.set_trailing_metadata(((REASON_METADATA_KEY, reason),))
     context.abort(code, message)
     raise AssertionError("context.abort returned")  # it always raises
@@ -76,6 +151,10 @@ class DevicePluginServicer(dp_grpc.DevicePluginServicer):
         self._watch_poll_s = watch_poll_s
         self._streams = 0
         self._streams_cv = threading.Condition()
+        # Going away: every stream sends its last list with all devices unhealthy.
+        self._draining = threading.Event()
+        self._undrained: set[int] = set()  # open streams that have not sent that list
+        self._ids = itertools.count()
 
     @property
     def open_streams(self) -> int:
@@ -86,16 +165,31 @@ class DevicePluginServicer(dp_grpc.DevicePluginServicer):
         with self._streams_cv:
             return self._streams_cv.wait_for(lambda: self._streams == 0, timeout=timeout_s)
 
+    def drain(self, timeout_s: float) -> bool:
+        """Have every open stream send its devices as unhealthy (and only that from
+        now on); True once each has handed it to the transport within ``timeout_s``."""
+        self._draining.set()
+        with self._streams_cv:
+            return self._streams_cv.wait_for(lambda: not self._undrained, timeout=timeout_s)
+
     @contextlib.contextmanager
-    def _stream(self) -> Iterator[None]:
+    def _stream(self) -> Iterator[int]:
         with self._streams_cv:
             self._streams += 1
+            token = next(self._ids)
+            self._undrained.add(token)
         try:
-            yield
+            yield token
         finally:
             with self._streams_cv:
                 self._streams -= 1
+                self._undrained.discard(token)
                 self._streams_cv.notify_all()
+
+    def _drained(self, token: int) -> None:
+        with self._streams_cv:
+            self._undrained.discard(token)
+            self._streams_cv.notify_all()
 
     def GetDevicePluginOptions(
         self, request: dp.Empty, context: grpc.ServicerContext
@@ -110,16 +204,29 @@ class DevicePluginServicer(dp_grpc.DevicePluginServicer):
     ) -> Iterator[dp.ListAndWatchResponse]:
         gone = threading.Event()
         context.add_callback(gone.set)  # client went away or the server cancelled us
-        with self._stream():
+        with self._stream() as token:
             try:
                 # Read the version before the list so a change in between is resent.
                 version = self._handler.wait_for_change(0, 0.0)
-                yield wire.list_and_watch_response(self._handler.list_devices())
+                last = self._handler.list_devices()
+                yield wire.list_and_watch_response(last)
                 while not (self._stopping.is_set() or gone.is_set()):
+                    if self._draining.is_set():
+                        # The last list the kubelet got, all unhealthy (no handler call:
+                        # the agent may be busy); the generator resumes once gRPC has
+                        # sent it.
+                        yield wire.list_and_watch_response(_unhealthy(last))
+                        self._drained(token)
+                        while not (self._stopping.is_set() or gone.is_set()):
+                            self._stopping.wait(self._watch_poll_s)
+                        break
                     current = self._handler.wait_for_change(version, self._watch_poll_s)
-                    if current != version and not self._stopping.is_set():
+                    if current != version and not (
+                        self._stopping.is_set() or self._draining.is_set()
+                    ):
                         version = current
-                        yield wire.list_and_watch_response(self._handler.list_devices())
+                        last = self._handler.list_devices()
+                        yield wire.list_and_watch_response(last)
             except Exception as exc:
                 _abort(context, exc, "ListAndWatch")
 
@@ -203,13 +310,18 @@ class PluginServer:
         return self._servicer.open_streams
 
     def start(self) -> None:
+        """Serve; raises ``ServeError`` naming the cause when the socket cannot be
+        bound (path too long, another live server on it, refused by the OS)."""
         with self._lock:
             if self._server is not None or self._stopping.is_set():
                 raise RuntimeError(f"server for {self.socket_path} was already started")
-            self.socket_path.parent.mkdir(parents=True, exist_ok=True)
-            # A stale file (crash, kubelet leftovers) makes bind fail.
-            with contextlib.suppress(FileNotFoundError):
-                self.socket_path.unlink()
+            try:
+                self.socket_path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ServeError(f"cannot create {self.socket_path.parent}: {exc}") from exc
+            target = check_socket_path(self.socket_path)
+            # A stale file (crash, kubelet leftovers) makes bind fail; a live one is not ours.
+            claim_socket_path(self.socket_path)
             server = grpc.server(
                 futures.ThreadPoolExecutor(
                     max_workers=self.options.max_workers,
@@ -217,7 +329,11 @@ class PluginServer:
                 )
             )
             dp_grpc.add_DevicePluginServicer_to_server(self._servicer, server)  # type: ignore[no-untyped-call]
-            server.add_insecure_port(f"unix://{self.socket_path.resolve()}")
+            try:
+                server.add_insecure_port(target)
+            except RuntimeError as exc:  # gRPC's only signal; the log line has the cause
+                server.stop(None)
+                raise ServeError(f"cannot bind {self.socket_path}: {exc}") from None
             server.start()
             self._server = server
             self._identity = socket_identity(self.socket_path)
@@ -227,18 +343,27 @@ class PluginServer:
                 self.socket_path,
             )
 
-    def stop(self) -> None:
-        """Stop serving, end open ListAndWatch streams, remove our socket file."""
+    def drain(self, timeout_s: float) -> bool:
+        """Tell the kubelet the devices are going: every open ListAndWatch stream sends
+        its devices as unhealthy. True when all did within ``timeout_s``."""
+        return self._servicer.drain(timeout_s) if self.running else True
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Stop serving, end open ListAndWatch streams, remove our socket file; waits at
+        most ``timeout_s`` (default ``options.stop_timeout_s``) for them to end."""
+        deadline = time.monotonic() + (
+            self.options.stop_timeout_s if timeout_s is None else timeout_s
+        )
         with self._lock:
             if self._stopped.is_set():
                 return
             self._stopping.set()
             server, self._server = self._server, None
             if server is not None:
-                grace = self.options.stop_grace_s
-                server.stop(grace).wait(grace + 5.0)
+                grace = min(self.options.stop_grace_s, max(0.0, deadline - time.monotonic()))
+                server.stop(grace).wait(max(0.0, deadline - time.monotonic()))
                 # Streams poll ``_stopping``; wait so the caller knows they are over.
-                self._servicer.wait_streams_closed(self.options.watch_poll_s + 5.0)
+                self._servicer.wait_streams_closed(max(0.0, deadline - time.monotonic()))
             # Remove the file only if it is still the one we created.
             if self._identity is not None and socket_identity(self.socket_path) == self._identity:
                 with contextlib.suppress(FileNotFoundError):

@@ -9,7 +9,15 @@ Node ``gpu-share.<domain>/inventory``::
 Pod ``gpu-share.<domain>/assignment``::
 
     {"version": "v1", "containers": {"<name>": {"source": "node-agent",
-        "devices": [{"id": "GPU-..", "memoryUnits": 4, "cores": 30, "exclusive": false}]}}}
+        "devices": [{"id": "GPU-..", "memoryUnits": 4, "cores": 30, "exclusive": false}]}},
+     "podUID": "..", "node": "n1", "sig": "<hex HMAC-SHA256>"}
+
+``podUID``, ``node`` and ``sig`` are present when the agent has the extender's key
+(``placement.decisionKeyFile``): ``sig`` is the HMAC-SHA256 of ``ASSIGNMENT_MAC_CONTEXT``
+followed by the canonical JSON (sorted keys, compact, ASCII) of ``version``, ``podUID``,
+``node`` and ``containers``. The extender's view counts an assignment only when
+``verify_assignment`` passes for the pod (UID) and node it is on: a tenant can write the
+annotation, not a signature, and a genuine one copied onto another pod does not verify.
 """
 
 from __future__ import annotations
@@ -20,9 +28,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_share.errors import GpuShareError
+from gpu_share.sharing.decision import mac, sig_matches
 from gpu_share.sharing.model import DeviceShare
 
 ANNOTATION_VERSION = "v1"
+# Prefixed to the signed bytes so an assignment MAC can never pass as any other MAC.
+ASSIGNMENT_MAC_CONTEXT = b"gpu-share/assignment/v1\n"
+
+# AnnotationError reasons of a signed annotation that is not trusted.
+MALFORMED = "InvalidAnnotation"
+BAD_SIGNATURE = "BadSignature"
+UID_MISMATCH = "UidMismatch"
+NODE_MISMATCH = "NodeMismatch"
 
 
 class AnnotationError(GpuShareError):
@@ -116,25 +133,31 @@ class ContainerAssignment:
 class PodAssignment:
     containers: Mapping[str, ContainerAssignment]
 
-    def encode(self) -> str:
-        return json.dumps(
-            {
-                "version": ANNOTATION_VERSION,
-                "containers": {
-                    name: {
-                        "devices": [_share_dict(s) for s in c.devices],
-                        "source": c.source,
-                    }
-                    for name, c in sorted(self.containers.items())
-                },
+    def encode(self, key: bytes | None = None, *, pod_uid: str = "", node: str = "") -> str:
+        """The annotation value; signed for ``pod_uid`` on ``node`` when ``key`` is given."""
+        doc: dict[str, Any] = {
+            "version": ANNOTATION_VERSION,
+            "containers": {
+                name: {
+                    "devices": [_share_dict(s) for s in c.devices],
+                    "source": c.source,
+                }
+                for name, c in sorted(self.containers.items())
             },
-            sort_keys=True,
-            separators=(",", ":"),
-        )
+        }
+        if key:
+            if not pod_uid or not node:
+                raise ValueError("a signed assignment needs the pod uid and the node")
+            doc["podUID"], doc["node"] = pod_uid, node
+            doc["sig"] = mac(_signed_bytes(doc), key)
+        return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
     @classmethod
     def decode(cls, text: str) -> PodAssignment:
-        raw = _load(text, "assignment")
+        return cls._from_raw(_load(text, "assignment"))
+
+    @classmethod
+    def _from_raw(cls, raw: Mapping[str, Any]) -> PodAssignment:
         try:
             containers = {
                 _str(name): ContainerAssignment(
@@ -156,6 +179,30 @@ class PodAssignment:
         return cls(containers)
 
 
+def verify_assignment(text: str, key: bytes, pod_uid: str, node: str) -> PodAssignment:
+    """The assignment in ``text`` if the agent signed it with ``key`` for this pod UID on
+    this node; AnnotationError (reason BAD_SIGNATURE, UID_MISMATCH, NODE_MISMATCH or
+    MALFORMED) otherwise."""
+    raw = _load(text, "assignment")
+    try:
+        ok = bool(key) and sig_matches(mac(_signed_bytes(raw), key), raw.get("sig"))
+    except (ValueError, RecursionError):
+        ok = False
+    if not ok:
+        raise AnnotationError("assignment signature does not verify", reason=BAD_SIGNATURE)
+    if not pod_uid or raw.get("podUID") != pod_uid:
+        raise AnnotationError("assignment is for another pod uid", reason=UID_MISMATCH)
+    if raw.get("node") != node:
+        raise AnnotationError("assignment is for another node", reason=NODE_MISMATCH)
+    return PodAssignment._from_raw(raw)
+
+
+def _signed_bytes(doc: Mapping[str, Any]) -> bytes:
+    body = {k: doc.get(k) for k in ("version", "podUID", "node", "containers")}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return ASSIGNMENT_MAC_CONTEXT + text.encode()
+
+
 def _share_dict(s: DeviceShare) -> dict[str, Any]:
     return {
         "id": s.device,
@@ -168,8 +215,8 @@ def _share_dict(s: DeviceShare) -> dict[str, Any]:
 def _load(text: str, what: str) -> dict[str, Any]:
     try:
         raw = json.loads(text)
-    except ValueError as e:
-        raise AnnotationError(f"{what} annotation is not JSON: {e}") from e
+    except (ValueError, RecursionError) as e:  # tenant-writable: deep nesting included
+        raise AnnotationError(f"{what} annotation is not JSON: {str(e)[:100]}") from e
     if not isinstance(raw, dict):
         raise AnnotationError(f"{what} annotation is not a JSON object")
     if raw.get("version") != ANNOTATION_VERSION:

@@ -85,6 +85,17 @@ def _mac(payload: bytes, key: bytes) -> str:
     return hmac.new(key, payload, hashlib.sha256).hexdigest()
 
 
+def mac(data: bytes, key: bytes) -> str:
+    """Hex HMAC-SHA256 of ``data`` (shared by every signed gpu-share annotation)."""
+    return _mac(data, key)
+
+
+def sig_matches(expected: str, sig: object) -> bool:
+    """Constant-time comparison of a hex MAC with a tenant-supplied value of any type
+    (``hmac.compare_digest`` raises TypeError on non-ASCII str)."""
+    return isinstance(sig, str) and sig.isascii() and hmac.compare_digest(expected, sig)
+
+
 def sign(decision: Decision, key: bytes) -> str:
     """The annotation value: payload plus its HMAC-SHA256 under ``key``."""
     if not key:
@@ -119,7 +130,11 @@ def verify(
     ``max_age_s`` before ``now`` and not more than the clock skew after it).
     """
     payload, sig = _load(text)
-    if not key or not hmac.compare_digest(_mac(_canonical(payload), key), sig):
+    try:
+        ok = bool(key) and sig_matches(_mac(_canonical(payload), key), sig)
+    except (ValueError, RecursionError):  # a payload that cannot be re-encoded
+        ok = False
+    if not ok:
         raise DecisionError("decision signature does not verify", reason="BadSignature")
     d = _decode(payload)
     if d.pod_uid != pod.uid:
@@ -152,11 +167,32 @@ def verify(
     return d
 
 
+def verify_binding(text: str, key: bytes, pod_uid: str, node: str) -> Decision:
+    """The decision in ``text`` if it is authentic and was made for this pod (UID) on this
+    node. For the extender's view of bound pods: no age or request check (a running pod's
+    decision is old; requests of extended resources cannot change)."""
+    payload, sig = _load(text)
+    try:
+        ok = bool(key) and sig_matches(_mac(_canonical(payload), key), sig)
+    except (ValueError, RecursionError):
+        ok = False
+    if not ok:
+        raise DecisionError("decision signature does not verify", reason="BadSignature")
+    d = _decode(payload)
+    if not pod_uid or d.pod_uid != pod_uid:
+        raise DecisionError("decision is for another pod uid", reason="UidMismatch")
+    if d.node != node:
+        raise DecisionError("decision is for another node", reason="NodeMismatch")
+    return d
+
+
 def _load(text: str) -> tuple[dict[str, Any], str]:
     try:
         raw = json.loads(text)
-    except ValueError as e:
-        raise DecisionError(f"decision is not JSON: {e}", reason="MalformedDecision") from e
+    except (ValueError, RecursionError) as e:  # tenant-writable: deep nesting included
+        raise DecisionError(
+            f"decision is not JSON: {str(e)[:100]}", reason="MalformedDecision"
+        ) from e
     if not isinstance(raw, dict) or raw.get("version") != DECISION_VERSION:
         raise DecisionError(
             f"decision version is not {DECISION_VERSION!r}", reason="MalformedDecision"
@@ -165,6 +201,10 @@ def _load(text: str) -> tuple[dict[str, Any], str]:
     if not isinstance(payload, dict) or not isinstance(sig, str):
         raise DecisionError("decision lacks payload or sig", reason="MalformedDecision")
     return payload, sig
+
+
+def _small_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**63
 
 
 def _decode(p: Mapping[str, Any]) -> Decision:
@@ -176,14 +216,14 @@ def _decode(p: Mapping[str, Any]) -> Decision:
             m, k = req["memoryUnits"], req["cores"]
             if not all(isinstance(x, str) for x in devices) or not isinstance(name, str):
                 raise TypeError("device ids and names must be strings")
-            if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in (m, k)):
-                raise TypeError("request amounts must be non-negative integers")
+            if not all(_small_int(x) for x in (m, k)):
+                raise TypeError("request amounts must be integers in [0, 2**63)")
             containers[name] = ContainerDecision(devices, ContainerRequest(m, k))
         uid, node, at = p["podUID"], p["node"], p["issuedAt"]
         if not isinstance(uid, str) or not isinstance(node, str):
             raise TypeError("podUID and node must be strings")
-        if not isinstance(at, int) or isinstance(at, bool):
-            raise TypeError("issuedAt must be an integer")
+        if not _small_int(at):  # 10**400 would overflow the age check
+            raise TypeError("issuedAt must be an integer in [0, 2**63)")
         return Decision(uid, node, containers, at)
     except (KeyError, TypeError, AttributeError) as e:
         raise DecisionError(f"decision is malformed: {e!r}", reason="MalformedDecision") from e

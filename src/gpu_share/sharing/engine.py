@@ -62,6 +62,9 @@ __all__ = [
 DegradedMode = Literal["refuse", "single-device"]
 DEFAULT_RELEASE_GRACE_S = 60.0
 DEFAULT_PAIRING_WINDOW_S = 10.0
+# The kubelet calls Allocate right after GetPreferredAllocation: an offer still without
+# its Allocate after this long was abandoned (e.g. the pod's admission failed).
+DEFAULT_OFFER_TTL_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -120,6 +123,10 @@ def _ref_of(match: identity.IdentityMatch) -> ContainerRef:
     return ContainerRef(p.namespace, p.name, match.container.name, p.uid)
 
 
+def _pods_of(pr: PodResourcesView | None) -> frozenset[PodKey] | None:
+    return None if pr is None else frozenset((p.namespace, p.name) for p in pr.pods)
+
+
 def _err(reason: str, msg: str) -> AllocationError:
     return AllocationError(msg, reason=reason)
 
@@ -137,6 +144,7 @@ class AllocationEngine:
         pairing_window_s: float = DEFAULT_PAIRING_WINDOW_S,
         decision_key: bytes | None = None,
         node_name: str = "",
+        offer_ttl_s: float = DEFAULT_OFFER_TTL_S,
     ) -> None:
         self._inventory = inventory
         self.ledger = ledger
@@ -145,11 +153,16 @@ class AllocationEngine:
         self.degraded_mode: DegradedMode = degraded_mode
         self.release_grace_s = release_grace_s
         self.pairing_window_s = pairing_window_s
+        self.offer_ttl_s = offer_ttl_s
         self._views: dict[PodKey, PodView] = {}  # PodViews seen (requests never change)
         # Key of the extender's signed decisions; None: decisions are ignored.
         self.decision_key = decision_key
         self.node_name = node_name
         self._notes: list[str] = []  # facts found while deciding, drained per call
+        # Degraded mode: the pods PodResources listed at this call (None: unreachable),
+        # and at each open blind decision (pairing never crosses into a newer pod).
+        self._call_pods: frozenset[PodKey] | None = None
+        self._blind_pods: dict[ContainerRef, frozenset[PodKey]] = {}
 
     # ------------------------------------------------------------------ inventory
     @property
@@ -176,6 +189,17 @@ class AllocationEngine:
             for e in self.ledger.entries
             if any(self._inventory.get(d) is None for d in e.devices)
         ]
+
+    def set_unit_mib(self, unit_mib: int) -> bool:
+        """Cut memory into units of ``unit_mib`` from now on. Only while the ledger is
+        empty (ids and amounts of another size would be misread); True when changed."""
+        if unit_mib == self._inventory.unit_mib or self.ledger.entries:
+            return False
+        self._inventory = Inventory.from_devices(
+            [d.device for d in self._inventory.devices], unit_mib
+        )
+        self.ledger.unit_mib = unit_mib
+        return True
 
     def usage(self) -> dict[str, DeviceUsage]:
         return self.ledger.usage(self._inventory)
@@ -261,6 +285,8 @@ class AllocationEngine:
     ) -> Preferred:
         if size <= 0:
             raise _err("InvalidRequest", f"allocation size must be positive, got {size}")
+        self._check_id_count(kind, available, "available")
+        self._check_id_count(kind, must_include, "must_include")
         parse_unit_ids(must_include, kind)
         for u in parse_unit_ids(available, kind):
             self._check_unit(u.device, kind, u.index)
@@ -280,7 +306,9 @@ class AllocationEngine:
             raise _err("InvalidRequest", f"must_include ids not in available: {missing[:3]}")
         self._merge_views(ctx.pods)
         self._notes = []
-        notes = self._release_stale(kind, sorted(set(avail) - set(must_include)), None)
+        self._call_pods = _pods_of(ctx.pr)
+        notes = self._expired_notes(self.expire_offers(ctx.now))
+        notes += self._release_stale(kind, sorted(set(avail) - set(must_include)), None)
         match, reason = self._identify(kind, size, must_include, ctx)
         entry, ambiguity = self._resolve(
             match, reason, kind, size, avail, must_include, ctx.now, notes
@@ -309,6 +337,7 @@ class AllocationEngine:
     def allocate(self, kind: ResourceKind, ids: Sequence[str], ctx: CallContext) -> Allocation:
         if not ids:
             raise _err("InvalidRequest", "Allocate named no device ids")
+        self._check_id_count(kind, ids, "Allocate")
         if len(set(ids)) != len(ids):
             raise _err("InvalidRequest", "Allocate named a device id twice")
         for u in parse_unit_ids(ids, kind):
@@ -317,7 +346,7 @@ class AllocationEngine:
                 raise _err("DeviceUnhealthy", f"device {u.device} is unhealthy")
         self._merge_views(ctx.pods)
         self._notes = []
-        notes: list[str] = []
+        self._call_pods = _pods_of(ctx.pr)
         ambiguity = 0
         idset = set(ids)
         entry = next(
@@ -327,6 +356,10 @@ class AllocationEngine:
                 if not e.allocated(kind) and e.offered(kind) and set(e.offered(kind)) == idset
             ),
             None,
+        )
+        # The Allocate of an offer is honoured even when late; other stale offers go.
+        notes = self._expired_notes(
+            self.expire_offers(ctx.now, keep=entry.ref if entry is not None else None)
         )
         if entry is None:
             match, reason = self._identify(kind, len(ids), ids, ctx)
@@ -352,14 +385,15 @@ class AllocationEngine:
         pods: Mapping[PodKey, PodView | None] | None,
         now: float,
     ) -> ReconcileResult:
-        """Align the ledger with what the kubelet holds. See docs/allocation.md."""
+        """Align the ledger with what the kubelet holds. See docs/allocation.md.
+        Abandoned offers expire even when PodResources is unreachable (``pr`` None)."""
+        released: list[ContainerRef] = self.expire_offers(now)
         if pr is None:
-            return ReconcileResult()
+            return ReconcileResult(released=tuple(released))
         self._merge_views(pods)
         adopted: list[ContainerRef] = []
         attributed: list[ContainerRef] = []
         corrected: list[ContainerRef] = []
-        released: list[ContainerRef] = []
         waiting: list[PodKey] = []
         in_pr: set[PodKey] = set()
         for p in pr.pods:
@@ -459,12 +493,41 @@ class AllocationEngine:
             tuple(released), tuple(adopted), tuple(attributed), tuple(corrected), tuple(waiting)
         )
 
+    def expire_offers(self, now: float, keep: ContainerRef | None = None) -> list[ContainerRef]:
+        """Release decisions that hold no unit yet and whose last offer is at least
+        ``offer_ttl_s`` old (all but ``keep``). Without this, offers made while
+        PodResources is down (which reconcile cannot judge) would reserve units for good."""
+        expired = [
+            e.ref
+            for e in self.ledger.entries
+            if e.ref != keep
+            and e.state is EntryState.DECIDED
+            and now - e.updated_at >= self.offer_ttl_s
+        ]
+        for ref in expired:
+            self.ledger.remove(ref)
+        return expired
+
     def release_pod(self, namespace: str, name: str) -> list[ContainerRef]:
         """Release at once (the agent saw the pod deleted/terminal)."""
         self._views.pop((namespace, name), None)
         return self.ledger.release_pod((namespace, name))
 
     # ------------------------------------------------------------------ internals
+    def _check_id_count(self, kind: ResourceKind, ids: Sequence[str], what: str) -> None:
+        """More ids than we advertise units of ``kind`` cannot be a kubelet call: refuse
+        before parsing them."""
+        limit = sum(d.total(kind) for d in self._inventory.devices)
+        if len(ids) > limit:
+            raise _err(
+                "InvalidRequest",
+                f"{what} names {len(ids)} {kind.value} ids; this node advertises {limit}",
+            )
+
+    @staticmethod
+    def _expired_notes(refs: Sequence[ContainerRef]) -> list[str]:
+        return [f"released expired offer of {r}" for r in refs]
+
     def _check_unit(self, device: str, kind: ResourceKind, index: int) -> None:
         if not self._inventory.contains_unit(device, kind, index):
             self._inventory.require(device)
@@ -856,6 +919,7 @@ class AllocationEngine:
             and not latest.exclusive
             and len(latest.shares) == 1
             and (not forced or forced == {latest.shares[0].device})
+            and self._same_pod_admission(latest.ref)
         ):
             try:
                 return self._extend(latest, kind, size, available, now)
@@ -868,8 +932,22 @@ class AllocationEngine:
         )
         ref = self.ledger.next_synthetic_ref(kind)
         self._validate_request(req, str(ref))
+        self._blind_pods = {
+            r: ps for r, ps in self._blind_pods.items() if self.ledger.get(r) is not None
+        }
+        if self._call_pods is not None:
+            self._blind_pods[ref] = self._call_pods
         probe = LedgerEntry(ref, req, (), EntrySource.DEGRADED, now, now)
         return replace(probe, shares=self._decide(probe, kind, available, must_include))
+
+    def _same_pod_admission(self, ref: ContainerRef) -> bool:
+        """No pod appeared in PodResources since the blind decision ``ref``: the kubelet
+        admits one pod at a time and lists it before admitting it, so a new pod means
+        this call is for a later pod, whose container must not take over (and be told)
+        ``ref``'s other resource. Unknown (PodResources unreachable): pair as before."""
+        then = self._blind_pods.get(ref)
+        now = self._call_pods
+        return then is None or now is None or now <= then
 
     def _pick_ids(
         self,

@@ -3,10 +3,18 @@
 The kubelet only sees opaque IDs, one per unit: ``<uuid>::mem::<i>`` for a memory unit
 and ``<uuid>::core::<i>`` for one percent of a device's cores (``i`` from 0). Any ID
 names its device, so placement can be checked from the IDs alone.
+
+Only the exact ASCII form the agent advertises is accepted: ``uuid`` from
+``[A-Za-z0-9._/-]`` (at most ``MAX_UUID_LEN`` characters), ``i`` in
+ASCII ``[0-9]`` without leading zeros and at most ``MAX_INDEX_DIGITS`` digits. Anything
+else (other scripts' or full-width digits, superscripts, a 5,000-digit index, a 1 MB
+id) is refused with a message that never echoes more than ``SHOWN_CHARS`` characters of
+the input.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -16,6 +24,28 @@ from gpu_share.sharing.model import ResourceKind
 SEPARATOR = "::"
 _TAG = {ResourceKind.MEMORY: "mem", ResourceKind.CORE: "core"}
 _KIND_OF_TAG = {tag: kind for kind, tag in _TAG.items()}
+
+MAX_UUID_LEN = 128
+MAX_INDEX_DIGITS = 9  # far above any real unit count; keeps int() trivially cheap
+MAX_ID_LEN = MAX_UUID_LEN + len("::core::") + MAX_INDEX_DIGITS
+SHOWN_CHARS = 80  # of tenant-/kubelet-supplied text in an error message
+
+# Explicit ASCII classes: ``\d`` and str.isdigit() accept other scripts' digits.
+_UUID_RE = re.compile(r"[A-Za-z0-9._/-]+")
+_ID_RE = re.compile(r"([A-Za-z0-9._/-]+)::(mem|core)::(0|[1-9][0-9]*)")
+
+REASON_BAD_ID = "UnknownDevice"
+
+
+def show(s: object, limit: int = SHOWN_CHARS) -> str:
+    """``repr`` of at most ``limit`` characters of ``s`` (never unbounded input)."""
+    if not isinstance(s, str):
+        return f"<{type(s).__name__}>"
+    text = repr(s[:limit])
+    if len(text) <= limit + 2 and len(s) <= limit:
+        return text
+    # Escapes can make the repr ten times longer than the characters it shows.
+    return f"{text[:limit + 2]}... ({len(s)} chars)"
 
 
 @dataclass(frozen=True, order=True)
@@ -28,23 +58,34 @@ class UnitId:
         return unit_id(self.device, self.kind, self.index)
 
 
+def valid_uuid(uuid: object) -> bool:
+    return (
+        isinstance(uuid, str)
+        and len(uuid) <= MAX_UUID_LEN
+        and _UUID_RE.fullmatch(uuid) is not None
+    )
+
+
 def unit_id(uuid: str, kind: ResourceKind, i: int) -> str:
-    if not uuid or SEPARATOR in uuid:
-        raise AllocationError(f"device uuid {uuid!r} cannot be encoded", reason="UnknownDevice")
-    if i < 0:
-        raise AllocationError(f"unit index {i} is negative", reason="UnknownDevice")
+    if not valid_uuid(uuid):
+        raise AllocationError(f"device uuid {show(uuid)} cannot be encoded", reason=REASON_BAD_ID)
+    if i < 0 or len(str(i)) > MAX_INDEX_DIGITS:
+        raise AllocationError(f"unit index {i} is out of range", reason=REASON_BAD_ID)
     return f"{uuid}{SEPARATOR}{_TAG[kind]}{SEPARATOR}{i}"
 
 
 def parse_unit_id(s: str) -> UnitId:
-    """Raises AllocationError(reason="UnknownDevice") naming ``s`` when malformed."""
-    parts = s.split(SEPARATOR)
-    if len(parts) != 3 or not parts[0] or parts[1] not in _KIND_OF_TAG:
-        raise AllocationError(f"device id {s!r} is not one of ours", reason="UnknownDevice")
-    raw = parts[2]
-    if not raw.isdigit() or (len(raw) > 1 and raw[0] == "0"):
-        raise AllocationError(f"device id {s!r} has a bad unit index", reason="UnknownDevice")
-    return UnitId(parts[0], _KIND_OF_TAG[parts[1]], int(raw))
+    """Raises AllocationError(reason="UnknownDevice") naming (a bounded part of) ``s``
+    unless it is exactly the canonical form ``unit_id`` produces."""
+    if not isinstance(s, str) or len(s) > MAX_ID_LEN:
+        raise AllocationError(f"device id {show(s)} is not one of ours", reason=REASON_BAD_ID)
+    m = _ID_RE.fullmatch(s)
+    if m is None:
+        raise AllocationError(f"device id {show(s)} is not one of ours", reason=REASON_BAD_ID)
+    uuid, tag, raw = m.groups()
+    if len(uuid) > MAX_UUID_LEN or len(raw) > MAX_INDEX_DIGITS:
+        raise AllocationError(f"device id {show(s)} is not one of ours", reason=REASON_BAD_ID)
+    return UnitId(uuid, _KIND_OF_TAG[tag], int(raw))
 
 
 def parse_unit_ids(ids: Iterable[str], kind: ResourceKind | None = None) -> list[UnitId]:
@@ -54,8 +95,8 @@ def parse_unit_ids(ids: Iterable[str], kind: ResourceKind | None = None) -> list
         u = parse_unit_id(s)
         if kind is not None and u.kind is not kind:
             raise AllocationError(
-                f"device id {s!r} is a {u.kind.value} unit, expected {kind.value}",
-                reason="UnknownDevice",
+                f"device id {show(s)} is a {u.kind.value} unit, expected {kind.value}",
+                reason=REASON_BAD_ID,
             )
         out.append(u)
     return out

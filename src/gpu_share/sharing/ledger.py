@@ -10,13 +10,14 @@ PodResources.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 from gpu_share.errors import AllocationError, LedgerError
-from gpu_share.sharing.ids import parse_unit_ids
+from gpu_share.sharing.ids import parse_unit_ids, valid_uuid
 from gpu_share.sharing.inventory import Inventory
 from gpu_share.sharing.model import (
     ContainerKind,
@@ -125,6 +126,9 @@ class Ledger:
         self._entries: dict[ContainerRef, LedgerEntry] = {}
         self.absent_since: dict[PodKey, float] = {}
         self.seq = 0  # for synthetic refs of degraded entries
+        # Memory unit size (MiB) the entries' memory ids and amounts are counted in; 0:
+        # unknown (written by an agent that did not record it).
+        self.unit_mib = 0
 
     # -- lookup -------------------------------------------------------------------
     @property
@@ -236,6 +240,7 @@ class Ledger:
             {
                 "version": LEDGER_VERSION,
                 "seq": self.seq,
+                "memoryUnitMiB": self.unit_mib,
                 "entries": [_entry_to_dict(e) for e in self.entries],
                 "absentSince": [
                     {"namespace": k[0], "podName": k[1], "since": v}
@@ -247,27 +252,95 @@ class Ledger:
 
     @classmethod
     def from_json(cls, text: str) -> Ledger:
+        """The ledger ``to_json`` wrote. Anything else raises ``LedgerError`` (reason
+        ``LedgerMalformed``, or ``LedgerDuplicateUnit`` when one entry lists a unit
+        twice), never another exception: the agent then quarantines the file and
+        rebuilds from PodResources."""
         try:
-            raw = json.loads(text)
-        except ValueError as e:
-            raise LedgerError(f"ledger is not JSON: {e}") from e
+            raw = json.loads(text, parse_constant=_reject_constant)
+        except (ValueError, RecursionError, MemoryError) as e:
+            # ValueError covers JSONDecodeError and integers over the digit limit.
+            raise LedgerError(f"ledger is not JSON: {_short(e)}", reason=MALFORMED) from e
         if not isinstance(raw, dict):
-            raise LedgerError("ledger is not a JSON object")
+            raise LedgerError("ledger is not a JSON object", reason=MALFORMED)
         version = raw.get("version")
         if version != LEDGER_VERSION:
             raise LedgerError(
-                f"ledger version {version!r} is not supported (expected {LEDGER_VERSION!r})"
+                f"ledger version {_show(version)} is not supported (expected "
+                f"{LEDGER_VERSION!r})",
+                reason=MALFORMED,
             )
         led = cls()
         try:
-            led.seq = int(raw.get("seq", 0))
-            for d in raw.get("entries", []):
-                led.put(_entry_from_dict(d))
-            for a in raw.get("absentSince", []):
-                led.absent_since[(str(a["namespace"]), str(a["podName"]))] = float(a["since"])
-        except (KeyError, TypeError, ValueError, AttributeError, AllocationError) as e:
-            raise LedgerError(f"ledger entry is malformed: {e!r}") from e
+            led.seq = _int(raw.get("seq", 0), "seq", 0)
+            led.unit_mib = _int(raw.get("memoryUnitMiB", 0), "memoryUnitMiB", 0)
+            if led.unit_mib > _MAX_UNIT_MIB:
+                raise _Bad(f"memoryUnitMiB: {led.unit_mib} is above {_MAX_UNIT_MIB}")
+            for i, d in enumerate(_list(raw.get("entries", []), "entries")):
+                entry = _entry_from_dict(d, f"entries[{i}]")
+                if led.get(entry.ref) is not None:
+                    raise _Bad(f"{entry.ref} is listed twice")
+                led.put(entry)
+            for i, a in enumerate(_list(raw.get("absentSince", []), "absentSince")):
+                where = f"absentSince[{i}]"
+                a = _dict(a, where)
+                key = (_str(a, "namespace", where), _str(a, "podName", where))
+                led.absent_since[key] = _num(a.get("since"), f"{where}.since")
+        except _Bad as bad:
+            raise LedgerError(f"ledger entry is malformed: {bad}", reason=MALFORMED) from bad
         return led
+
+    def anomalies(self, inventory: Inventory) -> list[LedgerAnomaly]:
+        """What a loaded ledger says that cannot be true on this node: a unit held by
+        containers of two pods (or by two non-init containers of one pod), an entry on a
+        device (or unit) the inventory lacks. Such entries are kept: a unit counts once
+        however many entries hold it, unknown devices are never offered, so nothing is
+        over-committed; reconcile corrects them from PodResources."""
+        out = [*self._shared_units()]
+        for e in self.entries:
+            out.extend(_unknown_in(e, inventory))
+        return out
+
+    def _shared_units(self) -> list[LedgerAnomaly]:
+        holders: dict[tuple[ResourceKind, str], list[LedgerEntry]] = {}
+        for e in self.entries:
+            for kind in ResourceKind:
+                for u in e.ids(kind):
+                    holders.setdefault((kind, u), []).append(e)
+        out = []
+        for (_kind, unit), es in sorted(holders.items()):
+            pods = {(e.pod_key, e.ref.pod_uid) for e in es}
+            apps = [e for e in es if e.container_kind is not ContainerKind.INIT]
+            # Reuse: a pod's init containers hand their units to its later containers.
+            if len(pods) > 1 or len(apps) > 1:
+                who = ", ".join(str(e.ref) for e in es[:3])
+                out.append(
+                    LedgerAnomaly(DUPLICATE_UNIT, f"unit {unit} is held by {len(es)} "
+                                  f"containers ({who})")
+                )
+        return out
+
+
+MALFORMED = "LedgerMalformed"  # not JSON, wrong version, wrong types, non-canonical ids
+DUPLICATE_UNIT = "LedgerDuplicateUnit"  # one unit held twice
+UNKNOWN_DEVICE = "LedgerUnknownDevice"  # a device or unit this node does not have
+
+
+@dataclass(frozen=True)
+class LedgerAnomaly:
+    reason: str  # DUPLICATE_UNIT or UNKNOWN_DEVICE
+    message: str
+
+
+def _unknown_in(e: LedgerEntry, inventory: Inventory) -> list[LedgerAnomaly]:
+    out = []
+    for dev in sorted({s.device for s in e.shares} - {d.uuid for d in inventory.devices}):
+        out.append(LedgerAnomaly(UNKNOWN_DEVICE, f"{e.ref} has a share of unknown device {dev}"))
+    for kind in ResourceKind:
+        for u in parse_unit_ids(e.ids(kind), kind):
+            if not inventory.contains_unit(u.device, kind, u.index):
+                out.append(LedgerAnomaly(UNKNOWN_DEVICE, f"{e.ref} holds unknown unit {u}"))
+    return out
 
 
 def _entry_to_dict(e: LedgerEntry) -> dict[str, Any]:
@@ -298,35 +371,135 @@ def _entry_to_dict(e: LedgerEntry) -> dict[str, Any]:
     }
 
 
-def _strs(v: Any) -> tuple[str, ...]:
-    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
-        raise ValueError(f"expected a list of strings, got {v!r}")
+# Bounds of what a ledger may say: far above anything real, small enough to be cheap.
+_MAX_INT = 10**9
+_MAX_STR = 253  # Kubernetes names are at most 253 characters
+_MAX_LIST = 1_000_000
+_MAX_UNIT_MIB = 1024 * 1024  # AgentConfig.memory_unit_mib's upper bound
+
+
+class _Bad(Exception):
+    """A ledger field is missing or of the wrong type/range (becomes LedgerError)."""
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number")
+
+
+def _short(e: BaseException) -> str:
+    return _show(f"{type(e).__name__}: {e}")
+
+
+def _show(v: object, limit: int = 80) -> str:
+    """Bounded repr of a value read from the file (never echo it whole)."""
+    text = repr(v) if isinstance(v, str | int | float | bool | None) else f"<{type(v).__name__}>"
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} chars)"
+
+
+def _dict(v: Any, where: str) -> dict[str, Any]:
+    if not isinstance(v, dict):
+        raise _Bad(f"{where}: expected an object, got {_show(v)}")
+    return v
+
+
+def _list(v: Any, where: str) -> list[Any]:
+    if not isinstance(v, list) or len(v) > _MAX_LIST:
+        raise _Bad(f"{where}: expected a list, got {_show(v)}")
+    return v
+
+
+def _int(v: Any, where: str, lo: int) -> int:
+    # bool is an int subclass; 1e999 and 2.5 are floats: all refused.
+    if type(v) is not int or not lo <= v <= _MAX_INT:
+        raise _Bad(f"{where}: expected an integer in [{lo}, {_MAX_INT}], got {_show(v)}")
+    return v
+
+
+def _num(v: Any, where: str) -> float:
+    if type(v) not in (int, float) or not math.isfinite(v) or abs(v) > 1e12:
+        raise _Bad(f"{where}: expected a finite number, got {_show(v)}")
+    return float(v)
+
+
+def _str(d: dict[str, Any], key: str, where: str) -> str:
+    v = d.get(key)
+    if not isinstance(v, str) or len(v) > _MAX_STR:
+        raise _Bad(f"{where}.{key}: expected a string, got {_show(v)}")
+    return v
+
+
+def _bool(v: Any, where: str) -> bool:
+    if not isinstance(v, bool):
+        raise _Bad(f"{where}: expected true or false, got {_show(v)}")
+    return v
+
+
+_E = TypeVar("_E", bound=StrEnum)
+
+
+def _enum(cls: type[_E], v: Any, where: str) -> _E:
+    if isinstance(v, str):
+        for member in cls:
+            if member.value == v:
+                return member
+    raise _Bad(f"{where}: expected one of {[m.value for m in cls]}, got {_show(v)}")
+
+
+def _ids(d: dict[str, Any], key: str, where: str, kind: ResourceKind) -> tuple[str, ...]:
+    """A list of canonical unit ids of ``kind``, none twice."""
+    v = _list(d.get(key, []), f"{where}.{key}")
+    if not all(isinstance(x, str) for x in v):
+        raise _Bad(f"{where}.{key}: expected a list of strings")
+    try:
+        parse_unit_ids(v, kind)
+    except AllocationError as e:
+        raise _Bad(f"{where}.{key}: {e.message}") from e
+    if len(set(v)) != len(v):
+        raise LedgerError(
+            f"ledger entry is malformed: {where}.{key} lists a unit twice", reason=DUPLICATE_UNIT
+        )
     return tuple(v)
 
 
-def _entry_from_dict(d: dict[str, Any]) -> LedgerEntry:
-    req = d["request"]
-    e = LedgerEntry(
-        ref=ContainerRef(
-            str(d["namespace"]), str(d["podName"]), str(d["containerName"]), str(d["podUid"])
-        ),
-        request=ContainerRequest(int(req["memoryUnits"]), int(req["cores"])),
-        shares=tuple(
-            DeviceShare(
-                str(s["device"]), int(s["memoryUnits"]), int(s["cores"]), bool(s["exclusive"])
-            )
-            for s in d["shares"]
-        ),
-        source=EntrySource(d["source"]),
-        created_at=float(d["createdAt"]),
-        updated_at=float(d["updatedAt"]),
-        container_kind=ContainerKind(d["containerKind"]),
-        order=int(d["order"]),
-        memory_ids=_strs(d["memoryIds"]),
-        core_ids=_strs(d["coreIds"]),
-        offered_memory_ids=_strs(d.get("offeredMemoryIds", [])),
-        offered_core_ids=_strs(d.get("offeredCoreIds", [])),
+def _share_from_dict(v: Any, where: str) -> DeviceShare:
+    s = _dict(v, where)
+    device = _str(s, "device", where)
+    if not valid_uuid(device):
+        raise _Bad(f"{where}.device: not a device uuid: {_show(device)}")
+    return DeviceShare(
+        device,
+        _int(s.get("memoryUnits"), f"{where}.memoryUnits", 0),
+        _int(s.get("cores"), f"{where}.cores", 0),
+        _bool(s.get("exclusive"), f"{where}.exclusive"),
     )
-    parse_unit_ids(e.memory_ids, ResourceKind.MEMORY)
-    parse_unit_ids(e.core_ids, ResourceKind.CORE)
-    return e
+
+
+def _entry_from_dict(v: Any, where: str) -> LedgerEntry:
+    d = _dict(v, where)
+    req = _dict(d.get("request"), f"{where}.request")
+    mem, core = ResourceKind.MEMORY, ResourceKind.CORE
+    return LedgerEntry(
+        ref=ContainerRef(
+            _str(d, "namespace", where),
+            _str(d, "podName", where),
+            _str(d, "containerName", where),
+            _str(d, "podUid", where),
+        ),
+        request=ContainerRequest(
+            _int(req.get("memoryUnits"), f"{where}.request.memoryUnits", 0),
+            _int(req.get("cores"), f"{where}.request.cores", 0),
+        ),
+        shares=tuple(
+            _share_from_dict(s, f"{where}.shares[{i}]")
+            for i, s in enumerate(_list(d.get("shares"), f"{where}.shares"))
+        ),
+        source=_enum(EntrySource, d.get("source"), f"{where}.source"),
+        created_at=_num(d.get("createdAt"), f"{where}.createdAt"),
+        updated_at=_num(d.get("updatedAt"), f"{where}.updatedAt"),
+        container_kind=_enum(ContainerKind, d.get("containerKind"), f"{where}.containerKind"),
+        order=_int(d.get("order"), f"{where}.order", -1),
+        memory_ids=_ids(d, "memoryIds", where, mem),
+        core_ids=_ids(d, "coreIds", where, core),
+        offered_memory_ids=_ids(d, "offeredMemoryIds", where, mem),
+        offered_core_ids=_ids(d, "offeredCoreIds", where, core),
+    )

@@ -29,6 +29,10 @@ _QUANTITY = re.compile(
     r"^([+-]?(?:\d+\.?\d*|\.\d+))(?:([eE][+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]))?$"
 )
 MIB = 2**20
+# The API server stores quantities canonically (short, small exponents); anything longer
+# or with a larger exponent is hostile input that would make Fraction arithmetic stall.
+MAX_QUANTITY_CHARS = 64
+MAX_EXPONENT = 40
 
 
 class QuantityError(ValueError):
@@ -42,13 +46,18 @@ def parse_quantity(value: Any) -> Fraction:
     if isinstance(value, int):
         return Fraction(value)
     s = str(value).strip()
+    if len(s) > MAX_QUANTITY_CHARS:
+        raise QuantityError(f"quantity longer than {MAX_QUANTITY_CHARS} characters")
     m = _QUANTITY.match(s)
     if m is None:
-        raise QuantityError(f"not a quantity: {value!r}")
+        raise QuantityError(f"not a quantity: {s!r}")
     number, exponent, suffix = m.groups()
     q = Fraction(number)
     if exponent:
-        q *= Fraction(10) ** int(exponent[1:])
+        power = int(exponent[1:])
+        if abs(power) > MAX_EXPONENT:
+            raise QuantityError(f"quantity exponent {power} is out of range")
+        q *= Fraction(10) ** power
     elif suffix in _BINARY:
         q *= _BINARY[suffix]
     else:

@@ -1,0 +1,160 @@
+"""L2: per-container host dirs (hami-core cache) and the MemoryRequired refusal, on the
+whole agent behind real gRPC servers on unix sockets (kubelet-side stub)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import shutil
+import stat
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from gpu_share.agent.hostdirs import HostDirs
+from gpu_share.config.model import AgentConfig
+from gpu_share.plugin.server import REASON_METADATA_KEY
+from tests.agent.test_agent_grpc import CORE, MEM, FakePods, RecordingPublisher, Rig, _pod
+from tests.support.kubelet_stub import FakePodResources, KubeletStub
+
+
+@contextlib.contextmanager
+def rig_with(extra: dict[str, Any]) -> Iterator[Rig]:
+    """The L2 rig of test_agent_grpc.py with config ``extra`` merged in."""
+    d = Path(tempfile.mkdtemp(prefix="gsh-", dir="/tmp"))  # short: unix socket paths
+    (d / "dp").mkdir()
+    raw: dict[str, Any] = {
+        "version": "v1",
+        "nodeName": "node-a",
+        "backend": "dummy",
+        "stateDir": str(d / "state"),
+        "dummy": {"deviceCount": 2, "memoryMiB": 8192, "faultFile": str(d / "faults.json")},
+        "kubelet": {"devicePluginDir": str(d / "dp"), "podResourcesSocket": str(d / "pr.sock")},
+        "health": {"pollIntervalSeconds": 0.05},
+    }
+    for k, v in extra.items():
+        raw[k] = v(d) if callable(v) else v
+    cfg = AgentConfig.model_validate(raw)
+    kubelet = KubeletStub(d / "dp").start()
+    pr = FakePodResources(d / "pr.sock").start()
+    r = Rig(d, cfg, kubelet, pr, FakePods(), RecordingPublisher())
+    try:
+        r.start_agent()
+        yield r
+    finally:
+        r.stop_agent()
+        pr.stop()
+        kubelet.stop()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def hami() -> Iterator[Rig]:
+    runtime = {"runtime": lambda d: {"enforcement": "hami-core",
+                                     "hamiCore": {"cacheDir": str(d / "cache")}}}
+    with rig_with(runtime) as r:
+        yield r
+
+
+def _gone(rig: Rig, name: str) -> None:
+    """The pod ended: the kubelet and the API server forget it; the agent reconciles."""
+    rig.pods.pods.pop(("default", name))
+    for key in [k for k in rig.held if k[1] == name]:
+        del rig.held[key]
+    rig.publish_pr()
+    assert rig.agent is not None
+    rig.agent.reconcile()
+
+
+def test_cache_dir_is_per_pod_uid_private_and_removed_on_release(hami: Rig) -> None:
+    assert hami.agent is not None
+    root = hami.dir / "cache"
+    assert stat.S_IMODE(root.stat().st_mode) == 0o711
+    hami.admit(_pod("p", ("main", 2, 20), uid="uid-1"), random.Random(1))
+    leaf = root / "uid-1_main"
+    st = leaf.lstat()
+    assert stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o777
+    assert st.st_uid == os.geteuid()
+    # The tenant fills its dir: files, a symlink out of the root, a tree deeper than the
+    # remover keeps open at once.
+    secret = hami.dir / "outside.txt"
+    secret.write_text("keep me")
+    (leaf / "gpu-share.cache").write_bytes(b"x" * 100)
+    (leaf / "escape").symlink_to(secret)
+    (leaf / "escape-dir").symlink_to(hami.dir)
+    deep = leaf
+    for i in range(80):
+        deep = deep / f"d{i}"
+    deep.mkdir(parents=True)
+    (deep / "f").write_text("deep")
+    _gone(hami, "p")
+    assert not leaf.exists()
+    for _ in range(5):  # what one bounded pass left, the next ones finish
+        hami.agent.reconcile()
+    assert os.listdir(root) == []
+    assert secret.read_text() == "keep me" and (hami.dir / "state").is_dir()
+    # A later pod of the same name gets a new, empty dir.
+    hami.admit(_pod("p", ("main", 2, 20), uid="uid-2"), random.Random(2))
+    assert os.listdir(root) == ["uid-2_main"] and os.listdir(root / "uid-2_main") == []
+
+
+def test_cores_only_shared_slice_is_refused_with_memory_required(hami: Rig) -> None:
+    assert hami.agent is not None and hami.agent.engine is not None
+    view = _pod("q", ("main", 0, 30), uid="uid-q")
+    hami.pods.pods[("default", "q")] = view
+    hami.publish_pr()
+    client = hami.clients[CORE]
+    ids = client.preferred_allocation(hami.free_ids(CORE), [], 30)
+    with pytest.raises(grpc.RpcError) as err:
+        client.allocate(ids)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert dict(err.value.trailing_metadata() or ())[REASON_METADATA_KEY] == "MemoryRequired"
+    assert MEM in (err.value.details() or "")
+    # Nothing is held for it, and its pod gets an Event saying why.
+    assert hami.agent.engine.ledger.pod_entries(("default", "q")) == []
+    assert hami.agent.flush(5)
+    assert any(r == "MemoryRequired" and who == "default/q" for who, r, _ in hami.publisher.events)
+    assert os.listdir(hami.dir / "cache") == []
+    # The units it was offered are free again: a memory+cores pod gets them.
+    hami.admit(_pod("w", ("main", 8, 100), uid="uid-w"), random.Random(3))
+    assert (hami.dir / "cache" / "uid-w_main").is_dir()
+
+
+def test_host_dirs_never_follow_a_planted_symlink(tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    target = tmp_path / "target"
+    target.mkdir()
+    dirs = HostDirs(str(root))
+    dirs.ensure_root()
+    target.chmod(0o700)
+    (root / "uid-x_c").symlink_to(target)  # planted where a pod's dir will go
+    with pytest.raises(OSError):
+        dirs.create("uid-x_c")
+    assert stat.S_IMODE(target.stat().st_mode) == 0o700  # not chmod-ed through the link
+    assert os.listdir(target) == []
+    assert dirs.trash("uid-x_c") and dirs.sweep()
+    assert target.is_dir() and os.listdir(root) == []
+    for bad in ("..", "../x", "a/b", ".trash-x", ""):
+        with pytest.raises(ValueError):
+            dirs.create(bad)
+
+
+def test_follow_trashes_released_keys_and_renames_a_named_blind_entry(tmp_path: Path) -> None:
+    dirs = HostDirs(str(tmp_path / "cache"))
+    dirs.ensure_root()
+    dirs.follow({}, initial=True)
+    ids = frozenset({"GPU-0::mem::0", "GPU-0::core::0"})
+    dirs.follow({"alloc-blind": ids, "uid-a_c": frozenset({"GPU-1::mem::0"})})
+    dirs.create("alloc-blind")
+    dirs.create("uid-a_c")
+    (tmp_path / "cache" / "alloc-blind" / "f").write_text("in use")
+    # Reconcile named the blind entry (same ids, new key) and released uid-a.
+    dirs.follow({"uid-b_c": ids})
+    assert (tmp_path / "cache" / "uid-b_c" / "f").read_text() == "in use"
+    assert dirs.sweep()
+    assert sorted(os.listdir(tmp_path / "cache")) == ["uid-b_c"]

@@ -1,0 +1,352 @@
+"""L2: the node agent (dummy backend) starting on a corrupt, inconsistent or unwritable
+ledger (issue 11, #2): it keeps running, quarantines what it cannot read (bounded), says
+so with a log line, a node Event and a metric, and rebuilds from PodResources."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from gpu_share.agent.node_agent import AgentMetrics, NodeAgent
+from gpu_share.agent.state import MAX_LEDGER_BYTES, MAX_QUARANTINED, TOO_LARGE, UNREADABLE
+from gpu_share.config.model import AgentConfig
+from gpu_share.devices.dummy import DummyBackend
+from gpu_share.plugin.manager import PluginManager
+from gpu_share.plugin.podresources import PodResourcesClient
+from gpu_share.sharing.ledger import DUPLICATE_UNIT, MALFORMED, UNKNOWN_DEVICE, EntrySource
+from gpu_share.sharing.model import (
+    PodResourcesContainer,
+    PodResourcesPod,
+    PodResourcesView,
+)
+from tests.agent.test_agent_grpc import FakePods, RecordingPublisher
+from tests.support.host_agent import agent_argv
+from tests.support.kubelet_stub import (
+    FakePodResources,
+    KubeletStub,
+    PluginClient,
+    fast_plugin_settings,
+    wait_until,
+)
+
+MEM = "vendor.com/vcuda-memory"
+CORE = "vendor.com/vcuda-core"
+
+
+@dataclass
+class RecordingMetrics(AgentMetrics):
+    quarantined: Counter[str] = field(default_factory=Counter)
+    anomalies: Counter[str] = field(default_factory=Counter)
+    write_failures: int = 0
+    writes: int = 0
+
+    def ledger_quarantined(self, reason: str) -> None:
+        self.quarantined[reason] += 1
+
+    def ledger_anomaly(self, reason: str) -> None:
+        self.anomalies[reason] += 1
+
+    def ledger_write_failed(self) -> None:
+        self.write_failures += 1
+
+    def ledger_write(self) -> None:
+        self.writes += 1
+
+
+@dataclass
+class Node:
+    dir: Path
+    cfg: AgentConfig
+    pr: FakePodResources
+    publisher: RecordingPublisher = field(default_factory=RecordingPublisher)
+    metrics: RecordingMetrics = field(default_factory=RecordingMetrics)
+    agent: NodeAgent | None = None
+
+    @property
+    def ledger(self) -> Path:
+        return self.dir / "state" / "ledger.json"
+
+    def corrupt_files(self) -> list[Path]:
+        return sorted(
+            (self.dir / "state").glob("ledger.json.corrupt.*"),
+            key=lambda p: int(p.name.rsplit(".", 1)[1]),
+        )
+
+    def uuids(self) -> list[str]:
+        backend = DummyBackend(self.cfg.dummy, self.cfg.node_name)
+        return [d.uuid for d in backend.devices()]
+
+    def start(self, *, api: bool = True) -> NodeAgent:
+        backend = DummyBackend(self.cfg.dummy, self.cfg.node_name, check_interval_s=0.05)
+        backend.start()
+        client = PodResourcesClient(str(self.dir / "pr.sock"), timeout_s=1.0,
+                                    resource_names=[MEM, CORE])
+        self.agent = NodeAgent(self.cfg, backend, pod_resources=client,
+                               pods=FakePods() if api else None,
+                               publisher=self.publisher, metrics=self.metrics)
+        self.agent.start()
+        return self.agent
+
+    def stop(self) -> None:
+        if self.agent is not None:
+            self.agent.stop()
+            self.agent = None
+
+    def events(self, reason: str) -> list[str]:
+        assert self.agent is not None and self.agent.flush(5)
+        return [msg for _who, r, msg in self.publisher.events if r == reason]
+
+
+def _cfg(d: Path) -> AgentConfig:
+    return AgentConfig.model_validate(
+        {
+            "version": "v1",
+            "nodeName": "node-a",
+            "backend": "dummy",
+            "stateDir": str(d / "state"),
+            "dummy": {"deviceCount": 2, "memoryMiB": 8192, "faultFile": str(d / "faults.json")},
+            "kubelet": {"devicePluginDir": str(d / "dp"), "podResourcesSocket": str(d / "pr.sock")},
+            "health": {"pollIntervalSeconds": 0.05},
+        }
+    )
+
+
+@pytest.fixture
+def node() -> Iterator[Node]:
+    d = Path(tempfile.mkdtemp(prefix="gsl-", dir="/tmp"))
+    (d / "dp").mkdir()
+    (d / "state").mkdir()
+    pr = FakePodResources(d / "pr.sock").start()
+    n = Node(d, _cfg(d), pr)
+    try:
+        yield n
+    finally:
+        n.stop()
+        pr.stop()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _entry(pod: str, mem_ids: list[str], device: str) -> dict[str, object]:
+    return {
+        "namespace": "default", "podName": pod, "containerName": "main",
+        "podUid": f"uid-{pod}", "containerKind": "app", "order": 0,
+        "request": {"memoryUnits": len(mem_ids), "cores": 0},
+        "shares": [{"device": device, "memoryUnits": len(mem_ids), "cores": 0,
+                    "exclusive": False}],
+        "memoryIds": mem_ids, "coreIds": [], "source": "node-agent",
+        "createdAt": 1.0, "updatedAt": 1.0,
+    }
+
+
+def _doc(*entries: dict[str, object]) -> bytes:
+    return json.dumps({"version": "v1", "seq": 0, "entries": list(entries)}).encode()
+
+
+CORRUPT: dict[str, tuple[bytes, str]] = {
+    "random-bytes": (bytes(range(256)) * 4, MALFORMED),
+    "ff-prefix": (b"\xff" + _doc(), MALFORMED),  # UnicodeDecodeError in the old code
+    "not-json": (b'{"version": "v1", "entries": [', MALFORMED),
+    "seq-1e999": (b'{"version": "v1", "seq": 1e999}', MALFORMED),  # OverflowError
+    "wrong-types": (b'{"version": "v1", "entries": [{"namespace": 5, "request": []}]}',
+                    MALFORMED),
+    "deep-nesting": (b"[" * 200_000 + b"]" * 200_000, MALFORMED),  # RecursionError
+    "arabic-digit-id": (_doc(_entry("a", ["X::mem::\u0663"], "X")), MALFORMED),
+    "unit-twice-in-one-entry": (_doc(_entry("a", ["X::mem::1", "X::mem::1"], "X")),
+                                DUPLICATE_UNIT),
+}
+
+
+@pytest.mark.parametrize("case", CORRUPT.values(), ids=CORRUPT.keys())
+def test_corrupt_ledger_is_quarantined_and_the_agent_starts_empty(
+    node: Node, case: tuple[bytes, str]
+) -> None:
+    content, reason = case
+    node.ledger.write_bytes(content)
+    agent = node.start()  # old code: UnicodeDecodeError, OverflowError, RecursionError
+    assert agent.engine is not None and agent.engine.ledger.entries == []
+    (moved,) = node.corrupt_files()
+    assert moved.name == "ledger.json.corrupt.0" and moved.read_bytes() == content
+    assert node.metrics.quarantined == Counter({reason: 1})
+    (msg,) = node.events("LedgerQuarantined")
+    assert reason in msg and len(msg) <= 1100
+
+
+def test_ledger_over_the_size_cap_is_quarantined(node: Node) -> None:
+    with node.ledger.open("wb") as fh:
+        fh.truncate(MAX_LEDGER_BYTES + 1)  # sparse: costs no disk
+    node.start()
+    assert [p.name for p in node.corrupt_files()] == ["ledger.json.corrupt.0"]
+    assert node.metrics.quarantined == Counter({TOO_LARGE: 1})
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo"])
+def test_ledger_that_is_not_a_file_is_quarantined(node: Node, kind: str) -> None:
+    if kind == "directory":
+        node.ledger.mkdir()
+        (node.ledger / "x").write_text("x")
+    else:
+        os.mkfifo(node.ledger)  # reading it must not hang the start
+    node.start()
+    assert len(node.corrupt_files()) == 1
+    assert not os.path.lexists(node.ledger) or node.ledger.is_file()  # a new ledger
+    assert node.metrics.quarantined == Counter({UNREADABLE: 1})
+
+
+def test_quarantine_keeps_only_the_newest_files(node: Node) -> None:
+    for i in range(MAX_QUARANTINED + 3):
+        node.ledger.write_bytes(b"garbage %d" % i)
+        node.start()
+        node.stop()
+    kept = node.corrupt_files()
+    assert len(kept) == MAX_QUARANTINED
+    assert [p.read_bytes() for p in kept] == [
+        b"garbage %d" % i for i in range(3, MAX_QUARANTINED + 3)
+    ]
+
+
+def test_running_slice_is_readopted_from_podresources_after_quarantine(node: Node) -> None:
+    dev = node.uuids()[0]
+    held = [f"{dev}::mem::{i}" for i in range(4)]
+    running = PodResourcesContainer("main", {MEM: tuple(held)})
+    node.pr.set_pods(PodResourcesView((PodResourcesPod("default", "run", (running,)),)))
+    node.ledger.write_bytes(b"\xff\xfe not a ledger")
+    agent = node.start()
+    assert agent.engine is not None
+    (entry,) = agent.engine.ledger.entries
+    assert (entry.ref.pod_name, entry.source) == ("run", EntrySource.RECONCILED)
+    assert sorted(entry.memory_ids) == held
+    assert agent.engine.usage()[dev].memory_used == 4
+    assert node.metrics.quarantined == Counter({MALFORMED: 1})
+
+
+def test_inconsistent_entries_are_kept_and_reported(node: Node) -> None:
+    dev = node.uuids()[0]
+    node.ledger.write_bytes(
+        _doc(
+            _entry("a", [f"{dev}::mem::3"], dev),
+            _entry("b", [f"{dev}::mem::3"], dev),  # the same unit, another pod
+            _entry("c", ["GPU-gone::mem::0"], "GPU-gone"),  # a device this node lacks
+        )
+    )
+    # No API server: its (empty) pod list would release the three entries at once in
+    # the background reconcile, racing the assertions; PodResources absence has a grace.
+    agent = node.start(api=False)
+    assert agent.engine is not None
+    assert sorted(e.ref.pod_name for e in agent.engine.ledger.entries) == ["a", "b", "c"]
+    assert node.corrupt_files() == []  # kept, not quarantined
+    assert node.metrics.anomalies == Counter({DUPLICATE_UNIT: 1, UNKNOWN_DEVICE: 2})
+    (msg,) = node.events("LedgerInconsistent")
+    assert msg.startswith("3 ledger entries")
+    assert agent.engine.usage()[dev].memory_used == 1  # counted once: no over-commit
+
+
+# ---------------------------------------------------------------- unwritable ledger
+@pytest.fixture
+def served(node: Node) -> Iterator[tuple[Node, dict[str, PluginClient]]]:
+    kubelet = KubeletStub(node.dir / "dp").start()
+    agent = node.start()
+    manager = PluginManager(agent.handlers(), node.dir / "dp", fast_plugin_settings())
+    manager.start()
+    clients = {h.resource_name: kubelet.plugin(h.endpoint).watch() for h in agent.handlers()}
+    try:
+        yield node, clients
+    finally:
+        manager.stop()
+        kubelet.stop()
+
+
+def test_failed_ledger_write_is_reported_not_internal(
+    served: tuple[Node, dict[str, PluginClient]],
+) -> None:
+    """Old code: the OSError from the write reached the kubelet as INTERNAL."""
+    node, clients = served
+    mem = clients[MEM]
+    ids = [d.id for d in mem.wait_for_list(lambda ds: len(ds) > 0)]
+    # os.replace() onto a non-empty directory fails even for root (unlike chmod).
+    if node.ledger.exists():
+        node.ledger.unlink()
+    node.ledger.mkdir()
+    (node.ledger / "keep").write_text("x")
+    for n in (2, 3):
+        offered = mem.preferred_allocation(ids, [], n)
+        assert len(mem.allocate(offered).envs) > 0
+        ids = [i for i in ids if i not in offered]
+    assert node.metrics.write_failures >= 4  # (a reconcile pass may add one)
+    (msg,) = node.events("LedgerWriteFailed")  # once per failing stretch
+    assert "ledger not written" in msg
+    shutil.rmtree(node.ledger)
+    mem.preferred_allocation(ids, [], 1)
+    assert node.ledger.is_file()  # written again once the fault is gone
+    assert node.agent is not None and node.agent.engine is not None
+    on_disk = json.loads(node.ledger.read_text())
+    assert len(on_disk["entries"]) == len(node.agent.engine.ledger.entries) == 3
+
+
+# ---------------------------------------------------------------- the real process
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_plugin_process_with_a_corrupt_ledger_registers(node: Node) -> None:
+    """Old code: exit 1 with a UnicodeDecodeError traceback, the file left in place."""
+    node.ledger.write_bytes(b"\xff" + bytes(range(256)))
+    kubelet = KubeletStub(node.dir / "dp").start()
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPU_SHARE_", "KUBE"))}
+    env.update(
+        {
+            "GPU_SHARE_IDENTITY__USE_API_SERVER": "false",
+            "GPU_SHARE_PUBLISH__NODE_ANNOTATION": "false",
+            "GPU_SHARE_PUBLISH__POD_ANNOTATION": "false",
+            "GPU_SHARE_PUBLISH__EVENTS": "false",
+            "GPU_SHARE_DUMMY__FAULT_FILE": str(node.dir / "faults.json"),
+        }
+    )
+    argv = agent_argv("n1", str(node.dir / "dp"), str(node.dir / "pr.sock"),
+                      str(node.dir / "state"), port)
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        try:
+            kubelet.wait_for_registrations(2, timeout_s=30)
+        except TimeoutError:
+            proc.kill()
+            pytest.fail(f"no registration; exit {proc.wait(5)}: {proc.communicate()[0]}")
+        assert wait_until(lambda: b"ledger_quarantined_total" in _metrics(port), 10)
+        assert (
+            b'gpu_share_ledger_quarantined_total{reason="LedgerMalformed"} 1.0' in _metrics(port)
+        )
+        assert [p.name for p in node.corrupt_files()] == ["ledger.json.corrupt.0"]
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=20)
+        assert proc.returncode == 0, out
+        assert "Traceback" not in out, out
+        assert "ledger unreadable" in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+        kubelet.stop()
+
+
+def _metrics(port: int) -> bytes:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+            return bytes(r.read())
+    except OSError:
+        return b""
+
