@@ -11,6 +11,9 @@
 #   hack/local-up-cluster.sh import-image TAR...   import image tars into the
 #                                          cluster's containerd (k8s.io namespace)
 #   hack/local-up-cluster.sh restart-kubelet   stop + start the kubelet, wait for Ready
+#   hack/local-up-cluster.sh stop-kubelet | start-kubelet   one half of it (failure tests)
+#   hack/local-up-cluster.sh stop-apiserver | start-apiserver   take the API server away
+#                                          and bring it back (waits for /readyz)
 #   hack/local-up-cluster.sh build         only build/cache the binaries and images
 #   hack/local-up-cluster.sh logs COMPONENT  tail -f a component log
 #
@@ -681,6 +684,35 @@ cmd_restart_kubelet() {
   wait_for "node ${NODE_NAME} Ready" kubelet node_ready
 }
 
+# Halves of a restart, for the failure stories: the caller does something in between
+# (kills the agent: a node reboot; or admits pods while the API server is gone).
+cmd_stop_kubelet() {
+  need_root
+  is_running containerd || die "the local cluster is not up (run: $0 up)"
+  stop kubelet
+}
+
+cmd_start_kubelet() {
+  need_root
+  is_running containerd || die "the local cluster is not up (run: $0 up)"
+  start_kubelet
+  wait_for "node ${NODE_NAME} Ready" kubelet node_ready
+}
+
+# Everything else keeps running: the kubelet, controllers and the agent see connection
+# refused until start-apiserver (same flags, same etcd, so no state is lost).
+cmd_stop_apiserver() {
+  need_root
+  is_running etcd || die "the local cluster is not up (run: $0 up)"
+  stop kube-apiserver
+}
+
+cmd_start_apiserver() {
+  need_root
+  is_running etcd || die "the local cluster is not up (run: $0 up)"
+  start_apiserver
+}
+
 cmd_import_image() {
   need_root
   (($#)) || die "usage: $0 import-image TAR..."
@@ -696,10 +728,14 @@ case "${1:-}" in
   env) cmd_env ;;
   import-image) shift; cmd_import_image "$@" ;;
   restart-kubelet) cmd_restart_kubelet ;;
+  stop-kubelet) cmd_stop_kubelet ;;
+  start-kubelet) cmd_start_kubelet ;;
+  stop-apiserver) cmd_stop_apiserver ;;
+  start-apiserver) cmd_start_apiserver ;;
   build) ensure_packages; build_all; log "images: ${PAUSE_TAR} ${BUSYBOX_TAR}" ;;
   logs) shift; exec tail -n 100 -f "${LOG_DIR}/${1:?component}.log" ;;
   *)
-    sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
     exit 2
     ;;
 esac

@@ -498,3 +498,166 @@ def assert_consistent(kube: Kube, timeout: float = 60) -> Audit:
         return wait_until("a consistent node", ok, timeout, interval=2)
     except AssertionError:
         raise AssertionError("mismatches:\n  " + "\n  ".join(last)) from None
+
+
+# ---------------------------------------------------------------------- failure stories
+# What the failure stories (test_9_*) and bench/soak.py need beyond the audit: the
+# cluster script's stop/start halves, the agent's host process, and two views of what is
+# committed that work while the API server is down (the agent's ledger file on the host,
+# and each container's SEEN line in the kubelet's log files).
+
+DEVICE_MIB = UNITS_PER_DEVICE * 1024  # values-examples/local-cluster.yaml: 16 GiB devices
+
+
+def cluster(*args: str, timeout: float = 240) -> float:
+    """Runs ``hack/local-up-cluster.sh ARGS``; returns its wall time (s), fails on rc != 0."""
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        ["bash", str(CLUSTER_SCRIPT), *args], capture_output=True, text=True, timeout=timeout
+    )
+    assert proc.returncode == 0, (
+        f"local-up-cluster.sh {' '.join(args)} failed (rc={proc.returncode}):\n"
+        f"{proc.stderr[-3000:]}"
+    )
+    return time.monotonic() - t0
+
+
+def agent_host_pid(kube: Kube) -> int:
+    """Host pid of the ready agent pod's container (the gpu-share-plugin process), from
+    the cluster's containerd: the container id in the pod status names its task."""
+    p = kube.ready_agent()
+    assert p is not None, "no ready agent pod"
+    cid = next(
+        s["containerID"] for s in p["status"]["containerStatuses"] if s["name"] == "agent"
+    ).split("://", 1)[1]
+    out = kube.run(
+        ["ctr", "--address", kube.env["CONTAINERD_ADDRESS"], "-n", "k8s.io", "task", "ls"]
+    ).stdout
+    for line in out.splitlines()[1:]:
+        words = line.split()
+        if len(words) >= 3 and words[0] == cid and words[2] == "RUNNING":
+            return int(words[1])
+    raise AssertionError(f"agent container {cid[:12]} has no running task:\n{out}")
+
+
+def state_dir(kube: Kube) -> Path:
+    """The agent's stateDir on the host (values-examples/local-cluster.yaml)."""
+    return Path(kube.env["GPU_SHARE_CLUSTER_DIR"]) / "gpu-share-state"
+
+
+def ledger_usage(kube: Kube, devices: Sequence[str], unit_mib: int = 1024) -> dict[str, Any]:
+    """The agent's own accounting, from its persisted ledger on the host (no API server
+    needed): device -> DeviceUsage (held ids + reservations of decided entries)."""
+    from gpu_share.devices.base import Device
+    from gpu_share.sharing.inventory import Inventory
+    from gpu_share.sharing.ledger import Ledger
+
+    path = state_dir(kube) / "ledger.json"
+    if not path.exists():
+        return {}
+    inv = Inventory.from_devices(
+        [
+            Device(uuid=u, index=i, minor=i, memory_mib=DEVICE_MIB, model="dummy")
+            for i, u in enumerate(devices)
+        ],
+        unit_mib,
+    )
+    return dict(Ledger.from_json(path.read_text()).usage(inv))
+
+
+def seen_on_host(
+    kube: Kube, keys: Iterable[tuple[str, str, str]]
+) -> dict[tuple[str, str, str], dict[str, str]]:
+    """(namespace, pod, container) -> its SEEN line's key=value pairs, read from the
+    kubelet's log files on the host (works while the API server is down). Containers that
+    have not printed yet are left out."""
+    root = Path(kube.env["GPU_SHARE_CLUSTER_DIR"]) / "pod-logs"
+    wanted = set(keys)
+    out: dict[tuple[str, str, str], dict[str, str]] = {}
+    for pod_dir in root.glob("*_*_*") if root.is_dir() else ():
+        ns, _, rest = pod_dir.name.partition("_")
+        name = rest.rpartition("_")[0]
+        for cdir in pod_dir.iterdir():
+            key = (ns, name, cdir.name)
+            if key not in wanted:
+                continue
+            logs = sorted(cdir.glob("*.log"), key=lambda f: int(f.stem) if f.stem.isdigit() else -1)
+            if not logs:
+                continue
+            for line in logs[-1].read_text(errors="replace").splitlines():
+                # CRI log format: "<time> stdout F <text>"
+                text = line.split(" ", 3)[-1]
+                if text.startswith(SEEN_PREFIX):
+                    out[key] = dict(
+                        kv.split("=", 1) for kv in text[len(SEEN_PREFIX) :].split() if "=" in kv
+                    )
+                    break
+    return out
+
+
+def env_commitment(
+    seen: Mapping[tuple[str, str, str], Mapping[str, str]],
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Per device: MiB and core percent the containers were told they may use."""
+    mib: dict[str, int] = {}
+    cores: dict[str, int] = {}
+    for s in seen.values():
+        devs = [d for d in s.get("visible", "").split(",") if d]
+        mems = [m for m in s.get("mem", "").split(",") if m]
+        for i, d in enumerate(devs):
+            if mems:
+                mib[d] = mib.get(d, 0) + int(mems[min(i, len(mems) - 1)])
+            if s.get("cores"):
+                cores[d] = cores.get(d, 0) + int(s["cores"])
+    return mib, cores
+
+
+def overcommit(kube: Kube, devices: Sequence[str], *, units: bool = True) -> list[str]:
+    """Over-commitment seen right now, without the API server: units the kubelet handed
+    out (PodResources), units the agent's ledger counts, and MiB / core percent the
+    running containers were told (their env). ``units=False`` skips the unit counts
+    (while two unit sizes are in play only bytes compare)."""
+    held = kubelet_devices(kube.env["POD_RESOURCES_SOCKET"])
+    bad: list[str] = []
+    if units:
+        mem: dict[str, int] = {}
+        cores: dict[str, int] = {}
+        for res in held.values():
+            for i in res.get(MEM, ()):
+                mem[device_of(i)] = mem.get(device_of(i), 0) + 1
+            for i in res.get(CORE, ()):
+                cores[device_of(i)] = cores.get(device_of(i), 0) + 1
+        bad += [f"kubelet: {d} {n} memory units" for d, n in mem.items() if n > UNITS_PER_DEVICE]
+        bad += [f"kubelet: {d} {n} cores" for d, n in cores.items() if n > 100]
+        for d, u in ledger_usage(kube, devices).items():
+            if u.memory_used > UNITS_PER_DEVICE or u.cores_used > 100:
+                bad.append(f"ledger: {d} {u.memory_used} memory units, {u.cores_used} cores")
+    mib, pct = env_commitment(seen_on_host(kube, held))
+    bad += [f"env: {d} {n} MiB > {DEVICE_MIB}" for d, n in mib.items() if n > DEVICE_MIB]
+    bad += [f"env: {d} {n} % cores > 100" for d, n in pct.items() if n > 100]
+    return bad
+
+
+def env_matches_kubelet(kube: Kube, namespace: str, unit_mib: int = 1024) -> list[str]:
+    """Each container of ``namespace`` was told exactly what the kubelet handed it: its
+    visible device is the device of its ids, MiB = memory ids x unit, cores = core ids."""
+    held = kube.namespace_devices(namespace)
+    seen = seen_on_host(kube, held)
+    bad: list[str] = []
+    for key, res in sorted(held.items()):
+        s = seen.get(key)
+        if s is None:
+            bad.append(f"{'/'.join(key)}: no SEEN line")
+            continue
+        devs = {device_of(i) for ids in res.values() for i in ids}
+        visible = {d for d in s.get("visible", "").split(",") if d}
+        mem_ids, core_ids = res.get(MEM, ()), res.get(CORE, ())
+        want_mem = str(len(mem_ids) * unit_mib) if mem_ids else ""
+        want_cores = str(len(core_ids)) if core_ids else ""
+        if (visible, s.get("mem", ""), s.get("cores", "")) != (devs, want_mem, want_cores):
+            bad.append(
+                f"{'/'.join(key)}: env visible={sorted(visible)} mem={s.get('mem')} "
+                f"cores={s.get('cores')}, kubelet {sorted(devs)} {len(mem_ids)} memory ids "
+                f"{len(core_ids)} core ids"
+            )
+    return bad
