@@ -4,59 +4,25 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.agent.served_agent import kill_if_running, spawn_agent
 from tests.support.host_agent import agent_argv
 from tests.support.kubelet_stub import FakePodResources, KubeletStub, wait_until
-
-
-@pytest.fixture
-def workdir() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="gsc-", dir="/tmp"))
-    (d / "dp").mkdir()
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
-def _spawn(d: Path, *extra: str, env_extra: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPU_SHARE_", "KUBE"))}
-    env.update(
-        {
-            "GPU_SHARE_IDENTITY__USE_API_SERVER": "false",
-            "GPU_SHARE_PUBLISH__NODE_ANNOTATION": "false",
-            "GPU_SHARE_PUBLISH__POD_ANNOTATION": "false",
-            "GPU_SHARE_PUBLISH__EVENTS": "false",
-            "GPU_SHARE_DUMMY__FAULT_FILE": str(d / "faults.json"),
-        }
-    )
-    env.update(env_extra or {})  # last: a test may turn the API server back on
-    return subprocess.Popen(
-        [
-            *agent_argv("n1", str(d / "dp"), str(d / "pr.sock"), str(d / "state"), 0),
-            *extra,
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
 
 
 def test_serves_registers_and_cleans_up_on_sigterm(workdir: Path) -> None:
     kubelet = KubeletStub(workdir / "dp").start()
     pr = FakePodResources(workdir / "pr.sock").start()
-    proc = _spawn(workdir, "--metrics-port", "19431")
+    proc = spawn_agent(workdir, "--metrics-port", "19431")
     try:
         assert kubelet.wait_for_registrations(2, timeout_s=20), proc.stdout
         sockets = sorted(p.name for p in (workdir / "dp").iterdir())
@@ -79,9 +45,7 @@ def test_serves_registers_and_cleans_up_on_sigterm(workdir: Path) -> None:
         assert left == ["kubelet.sock"]  # ours removed, the kubelet's untouched
         assert (workdir / "state" / "ledger.json").exists()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(5)
+        kill_if_running(proc)
         pr.stop()
         kubelet.stop()
 
@@ -97,7 +61,7 @@ def _get(url: str) -> int:
 def test_invalid_config_exits_2_naming_the_key(workdir: Path) -> None:
     cfg = workdir / "c.yaml"
     cfg.write_text("version: v1\ndummy:\n  memoryMib: 3\n")
-    proc = _spawn(workdir, "--config", str(cfg))
+    proc = spawn_agent(workdir, "--config", str(cfg))
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 2
     assert "dummy.memoryMib" in out
@@ -106,7 +70,7 @@ def test_invalid_config_exits_2_naming_the_key(workdir: Path) -> None:
 def test_unknown_config_version_is_refused(workdir: Path) -> None:
     cfg = workdir / "c.yaml"
     cfg.write_text("version: v7\n")
-    proc = _spawn(workdir, "--config", str(cfg))
+    proc = spawn_agent(workdir, "--config", str(cfg))
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 2
     assert "v7" in out and "v1" in out
@@ -114,7 +78,7 @@ def test_unknown_config_version_is_refused(workdir: Path) -> None:
 
 def test_device_list_over_1mib_is_refused_with_a_unit_suggestion(workdir: Path) -> None:
     # 64 devices x 80 GiB at 1 MiB units: over five million ids, far over the limit.
-    proc = _spawn(
+    proc = spawn_agent(
         workdir,
         "--memory-unit-mib",
         "1",
@@ -161,7 +125,7 @@ def _wait_for_sockets(d: Path, proc: subprocess.Popen[str]) -> None:
 def test_sigterm_before_first_registration_exits_within_5s(workdir: Path) -> None:
     """No kubelet.sock: the agent serves and waits to register (the old one sat in
     registration retries and took 64 s to exit)."""
-    proc = _spawn(workdir)
+    proc = spawn_agent(workdir)
     try:
         _wait_for_sockets(workdir, proc)
         time.sleep(1.0)  # well into what used to be the registration retries
@@ -170,15 +134,13 @@ def test_sigterm_before_first_registration_exits_within_5s(workdir: Path) -> Non
         assert took < EXIT_BOUND_S, (took, out[-3000:])
         assert sorted(p.name for p in (workdir / "dp").iterdir()) == []
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(5)
+        kill_if_running(proc)
 
 
 def test_sigterm_sends_every_device_unhealthy_before_the_stream_ends(workdir: Path) -> None:
     kubelet = KubeletStub(workdir / "dp").start()
     pr = FakePodResources(workdir / "pr.sock").start()
-    proc = _spawn(workdir)
+    proc = spawn_agent(workdir)
     try:
         kubelet.wait_for_registrations(2, timeout_s=20)
         clients = {
@@ -199,9 +161,7 @@ def test_sigterm_sends_every_device_unhealthy_before_the_stream_ends(workdir: Pa
             assert [d.id for d in last] == [d.id for d in first[ep]], ep
             assert not any(d.healthy for d in last), ep
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(5)
+        kill_if_running(proc)
         pr.stop()
         kubelet.stop()
 
@@ -211,7 +171,9 @@ def test_sigterm_during_a_kubelet_call_exits_within_5s(workdir: Path) -> None:
     agent's lock is held meanwhile)."""
     kubelet = KubeletStub(workdir / "dp").start()
     pr = FakePodResources(workdir / "pr.sock").start()
-    proc = _spawn(workdir, env_extra={"GPU_SHARE_KUBELET__POD_RESOURCES_TIMEOUT_SECONDS": "30"})
+    proc = spawn_agent(
+        workdir, env_extra={"GPU_SHARE_KUBELET__POD_RESOURCES_TIMEOUT_SECONDS": "30"}
+    )
     try:
         kubelet.wait_for_registrations(2, timeout_s=20)
         client = kubelet.plugin("gpu-share-vcuda-memory.sock").watch()
@@ -230,9 +192,7 @@ def test_sigterm_during_a_kubelet_call_exits_within_5s(workdir: Path) -> None:
         assert proc.returncode == 0, out
         assert took < EXIT_BOUND_S, (took, out[-3000:])
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(5)
+        kill_if_running(proc)
         pr.delay_s = 0.0
         pr.stop()
         kubelet.stop()
@@ -270,7 +230,7 @@ def test_sigterm_while_waiting_for_the_api_server_exits_within_5s(workdir: Path)
         "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
     )
     pr = FakePodResources(workdir / "pr.sock").start()
-    proc = _spawn(
+    proc = spawn_agent(
         workdir,
         env_extra={
             "KUBECONFIG": str(kubeconfig),
@@ -286,9 +246,7 @@ def test_sigterm_while_waiting_for_the_api_server_exits_within_5s(workdir: Path)
         assert proc.returncode == 0, out
         assert took < EXIT_BOUND_S, (took, out[-3000:])
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(5)
+        kill_if_running(proc)
         pr.stop()
         hole.close()
 
@@ -308,7 +266,7 @@ def test_second_agent_on_the_same_state_dir_changes_nothing(workdir: Path) -> No
     kubelet = KubeletStub(workdir / "dp").start()
     pr = FakePodResources(workdir / "pr.sock").start()
     port = _free_port()
-    a = _spawn(workdir, "--metrics-port", str(port))
+    a = spawn_agent(workdir, "--metrics-port", str(port))
     others: list[subprocess.Popen[str]] = []
     try:
         kubelet.wait_for_registrations(2, timeout_s=20)
@@ -317,7 +275,7 @@ def test_second_agent_on_the_same_state_dir_changes_nothing(workdir: Path) -> No
         # B on A's metrics port (the old agent failed on it and then wrote the ledger),
         # C on a free port (the old agent took A's sockets over).
         for extra in (("--metrics-port", str(port)), ("--metrics-port", "0")):
-            b = _spawn(workdir, *extra)
+            b = spawn_agent(workdir, *extra)
             others.append(b)
             out, _ = b.communicate(timeout=30)
             assert b.returncode not in (0, None), out
@@ -331,10 +289,7 @@ def test_second_agent_on_the_same_state_dir_changes_nothing(workdir: Path) -> No
         _, out = _sigterm_and_time(a)
         assert a.returncode == 0, out
     finally:
-        for p in (a, *others):
-            if p.poll() is None:
-                p.kill()
-                p.wait(5)
+        kill_if_running(a, *others)
         pr.stop()
         kubelet.stop()
 

@@ -3,54 +3,18 @@ whole agent behind real gRPC servers on unix sockets (kubelet-side stub)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
-import shutil
 import stat
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
 
 from gpu_share.agent.hostdirs import HostDirs
-from gpu_share.config.model import AgentConfig
 from gpu_share.plugin.server import REASON_METADATA_KEY
-from tests.agent.test_agent_grpc import CORE, MEM, FakePods, RecordingPublisher, Rig, _pod
-from tests.support.kubelet_stub import FakePodResources, KubeletStub
-
-
-@contextlib.contextmanager
-def rig_with(extra: dict[str, Any]) -> Iterator[Rig]:
-    """The L2 rig of test_agent_grpc.py with config ``extra`` merged in."""
-    d = Path(tempfile.mkdtemp(prefix="gsh-", dir="/tmp"))  # short: unix socket paths
-    (d / "dp").mkdir()
-    raw: dict[str, Any] = {
-        "version": "v1",
-        "nodeName": "node-a",
-        "backend": "dummy",
-        "stateDir": str(d / "state"),
-        "dummy": {"deviceCount": 2, "memoryMiB": 8192, "faultFile": str(d / "faults.json")},
-        "kubelet": {"devicePluginDir": str(d / "dp"), "podResourcesSocket": str(d / "pr.sock")},
-        "health": {"pollIntervalSeconds": 0.05},
-    }
-    for k, v in extra.items():
-        raw[k] = v(d) if callable(v) else v
-    cfg = AgentConfig.model_validate(raw)
-    kubelet = KubeletStub(d / "dp").start()
-    pr = FakePodResources(d / "pr.sock").start()
-    r = Rig(d, cfg, kubelet, pr, FakePods(), RecordingPublisher())
-    try:
-        r.start_agent()
-        yield r
-    finally:
-        r.stop_agent()
-        pr.stop()
-        kubelet.stop()
-        shutil.rmtree(d, ignore_errors=True)
+from tests.agent.served_agent import CORE, MEM, Rig, pod_view, rig_with
 
 
 @pytest.fixture
@@ -75,7 +39,7 @@ def test_cache_dir_is_per_pod_uid_private_and_removed_on_release(hami: Rig) -> N
     assert hami.agent is not None
     root = hami.dir / "cache"
     assert stat.S_IMODE(root.stat().st_mode) == 0o711
-    hami.admit(_pod("p", ("main", 2, 20), uid="uid-1"), random.Random(1))
+    hami.admit(pod_view("p", ("main", 2, 20), uid="uid-1"), random.Random(1))
     leaf = root / "uid-1_main"
     st = leaf.lstat()
     assert stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o777
@@ -99,13 +63,13 @@ def test_cache_dir_is_per_pod_uid_private_and_removed_on_release(hami: Rig) -> N
     assert os.listdir(root) == []
     assert secret.read_text() == "keep me" and (hami.dir / "state").is_dir()
     # A later pod of the same name gets a new, empty dir.
-    hami.admit(_pod("p", ("main", 2, 20), uid="uid-2"), random.Random(2))
+    hami.admit(pod_view("p", ("main", 2, 20), uid="uid-2"), random.Random(2))
     assert os.listdir(root) == ["uid-2_main"] and os.listdir(root / "uid-2_main") == []
 
 
 def test_cores_only_shared_slice_is_refused_with_memory_required(hami: Rig) -> None:
     assert hami.agent is not None and hami.agent.engine is not None
-    view = _pod("q", ("main", 0, 30), uid="uid-q")
+    view = pod_view("q", ("main", 0, 30), uid="uid-q")
     hami.pods.pods[("default", "q")] = view
     hami.publish_pr()
     client = hami.clients[CORE]
@@ -121,7 +85,7 @@ def test_cores_only_shared_slice_is_refused_with_memory_required(hami: Rig) -> N
     assert any(r == "MemoryRequired" and who == "default/q" for who, r, _ in hami.publisher.events)
     assert os.listdir(hami.dir / "cache") == []
     # The units it was offered are free again: a memory+cores pod gets them.
-    hami.admit(_pod("w", ("main", 8, 100), uid="uid-w"), random.Random(3))
+    hami.admit(pod_view("w", ("main", 8, 100), uid="uid-w"), random.Random(3))
     assert (hami.dir / "cache" / "uid-w_main").is_dir()
 
 

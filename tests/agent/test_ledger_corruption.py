@@ -9,8 +9,6 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
-import tempfile
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator
@@ -31,8 +29,16 @@ from gpu_share.sharing.model import (
     PodResourcesPod,
     PodResourcesView,
 )
-from tests.agent.test_agent_grpc import FakePods, RecordingPublisher
-from tests.support.host_agent import agent_argv
+from tests.agent.served_agent import (
+    CORE,
+    MEM,
+    FakePods,
+    RecordingPublisher,
+    agent_config,
+    kill_if_running,
+    scratch_dir,
+    spawn_agent,
+)
 from tests.support.kubelet_stub import (
     FakePodResources,
     KubeletStub,
@@ -40,9 +46,6 @@ from tests.support.kubelet_stub import (
     fast_plugin_settings,
     wait_until,
 )
-
-MEM = "vendor.com/vcuda-memory"
-CORE = "vendor.com/vcuda-core"
 
 
 @dataclass
@@ -109,33 +112,17 @@ class Node:
         return [msg for _who, r, msg in self.publisher.events if r == reason]
 
 
-def _cfg(d: Path) -> AgentConfig:
-    return AgentConfig.model_validate(
-        {
-            "version": "v1",
-            "nodeName": "node-a",
-            "backend": "dummy",
-            "stateDir": str(d / "state"),
-            "dummy": {"deviceCount": 2, "memoryMiB": 8192, "faultFile": str(d / "faults.json")},
-            "kubelet": {"devicePluginDir": str(d / "dp"), "podResourcesSocket": str(d / "pr.sock")},
-            "health": {"pollIntervalSeconds": 0.05},
-        }
-    )
-
-
 @pytest.fixture
 def node() -> Iterator[Node]:
-    d = Path(tempfile.mkdtemp(prefix="gsl-", dir="/tmp"))
-    (d / "dp").mkdir()
-    (d / "state").mkdir()
-    pr = FakePodResources(d / "pr.sock").start()
-    n = Node(d, _cfg(d), pr)
-    try:
-        yield n
-    finally:
-        n.stop()
-        pr.stop()
-        shutil.rmtree(d, ignore_errors=True)
+    with scratch_dir() as d:
+        (d / "state").mkdir()
+        pr = FakePodResources(d / "pr.sock").start()
+        n = Node(d, agent_config(d), pr)
+        try:
+            yield n
+        finally:
+            n.stop()
+            pr.stop()
 
 
 def _entry(pod: str, mem_ids: list[str], device: str) -> dict[str, object]:
@@ -306,20 +293,7 @@ def test_plugin_process_with_a_corrupt_ledger_registers(node: Node) -> None:
     node.ledger.write_bytes(b"\xff" + bytes(range(256)))
     kubelet = KubeletStub(node.dir / "dp").start()
     port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPU_SHARE_", "KUBE"))}
-    env.update(
-        {
-            "GPU_SHARE_IDENTITY__USE_API_SERVER": "false",
-            "GPU_SHARE_PUBLISH__NODE_ANNOTATION": "false",
-            "GPU_SHARE_PUBLISH__POD_ANNOTATION": "false",
-            "GPU_SHARE_PUBLISH__EVENTS": "false",
-            "GPU_SHARE_DUMMY__FAULT_FILE": str(node.dir / "faults.json"),
-        }
-    )
-    argv = agent_argv("n1", str(node.dir / "dp"), str(node.dir / "pr.sock"),
-                      str(node.dir / "state"), port)
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    proc = spawn_agent(node.dir, "--metrics-port", str(port))
     try:
         try:
             kubelet.wait_for_registrations(2, timeout_s=30)
@@ -337,9 +311,7 @@ def test_plugin_process_with_a_corrupt_ledger_registers(node: Node) -> None:
         assert "Traceback" not in out, out
         assert "ledger unreadable" in out
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(5)
+        kill_if_running(proc)
         kubelet.stop()
 
 

@@ -5,11 +5,8 @@ start never writes the ledger."""
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,29 +18,17 @@ from gpu_share.config.model import AgentConfig
 from gpu_share.devices.dummy import DummyBackend
 from gpu_share.sharing.ledger import Ledger
 from gpu_share.sharing.model import PodResourcesView
-
-
-@pytest.fixture
-def workdir() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="gsf-", dir="/tmp"))
-    (d / "dp").mkdir()
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
+from tests.agent.served_agent import agent_config
 
 
 def _cfg(d: Path) -> AgentConfig:
-    return AgentConfig.model_validate(
-        {
-            "version": "v1",
-            "nodeName": "node-a",
-            "backend": "dummy",
-            "stateDir": str(d / "state"),
-            "dummy": {"deviceCount": 2, "memoryMiB": 4096, "faultFile": str(d / "faults.json")},
-            "kubelet": {"devicePluginDir": str(d / "dp"), "podResourcesSocket": str(d / "pr.sock")},
-            "identity": {"useApiServer": False},
-            "publish": {"nodeAnnotation": False, "podAnnotation": False, "events": False},
-            "metrics": {"port": 0, "bindAddress": "127.0.0.1"},
-        }
+    return agent_config(
+        d,
+        memory_mib=4096,
+        poll_s=None,
+        identity={"useApiServer": False},
+        publish={"nodeAnnotation": False, "podAnnotation": False, "events": False},
+        metrics={"port": 0, "bindAddress": "127.0.0.1"},
     )
 
 

@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpu_share.sharing.annotations import AnnotationError, PodAssignment, verify_assignment
-from tests.agent.test_agent_grpc import _pod
-from tests.agent.test_host_dirs import rig_with
+from tests.agent.served_agent import pod_view, rig_with
 
 KEY = b"agent-signing-key-0123456789abcdef"
 ASSIGNMENT = "gpu-share.vendor.com/assignment"
@@ -23,7 +22,7 @@ def _key_file(d: Path) -> dict[str, str]:
 
 def test_assignment_is_signed_for_the_pod_uid_and_node() -> None:
     with rig_with({"placement": _key_file}) as rig:
-        rig.admit(_pod("a", ("main", 2, 20), uid="uid-a"), random.Random(1))
+        rig.admit(pod_view("a", ("main", 2, 20), uid="uid-a"), random.Random(1))
         assert rig.agent is not None and rig.agent.flush(5)
         text = rig.publisher.pods[("default", "a")][ASSIGNMENT]
         assert text is not None
@@ -35,7 +34,7 @@ def test_assignment_is_signed_for_the_pod_uid_and_node() -> None:
 
 def test_without_a_key_the_assignment_is_unsigned() -> None:
     with rig_with({}) as rig:
-        rig.admit(_pod("a", ("main", 2, 20), uid="uid-a"), random.Random(1))
+        rig.admit(pod_view("a", ("main", 2, 20), uid="uid-a"), random.Random(1))
         assert rig.agent is not None and rig.agent.flush(5)
         text = rig.publisher.pods[("default", "a")][ASSIGNMENT]
         assert text is not None and "sig" not in text

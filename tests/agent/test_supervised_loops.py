@@ -5,13 +5,11 @@ makes ``/healthz`` answer 503 naming it (issue 11, item 4)."""
 from __future__ import annotations
 
 import logging
-import shutil
-import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -27,30 +25,14 @@ from gpu_share.observability.loops import Backoff, LoopStalledError, LoopSupervi
 from gpu_share.observability.metrics import Metrics
 from gpu_share.sharing.ids import parse_unit_id
 from gpu_share.sharing.model import ResourceKind
+from tests.agent.served_agent import agent_config
 from tests.support.kubelet_stub import wait_until
 
 FAST = Backoff(0.01, 0.05)
 
 
-@pytest.fixture
-def workdir() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="gsl-", dir="/tmp"))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
 def _cfg(d: Path) -> AgentConfig:
-    return AgentConfig.model_validate(
-        {
-            "version": "v1",
-            "nodeName": "node-a",
-            "backend": "dummy",
-            "stateDir": str(d / "state"),
-            "dummy": {"deviceCount": 2, "memoryMiB": 4096, "faultFile": str(d / "faults.json")},
-            "kubelet": {"devicePluginDir": str(d / "dp"), "podResourcesSocket": str(d / "pr.sock")},
-            "health": {"pollIntervalSeconds": 0.05},
-        }
-    )
+    return agent_config(d, memory_mib=4096)
 
 
 def _errors(metrics: Metrics, loop: str) -> float:

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,42 +17,19 @@ import grpc
 import pytest
 
 from gpu_share.config.model import AgentConfig
-from tests.agent.test_agent_grpc import CORE, MEM, FakePods, RecordingPublisher, Rig, _pod
-from tests.support.kubelet_stub import FakePodResources, KubeletStub
+from tests.agent.served_agent import CORE, MEM, Rig, agent_config, pod_view, running_rig
 
 DEVICE_MIB = 8192  # 2 devices: 8 units of 1 GiB or 4 of 2 GiB each
 
 
 def _cfg(d: Path, unit_mib: int) -> AgentConfig:
-    return AgentConfig.model_validate(
-        {
-            "version": "v1",
-            "nodeName": "node-a",
-            "backend": "dummy",
-            "memoryUnitMiB": unit_mib,
-            "stateDir": str(d / "state"),
-            "dummy": {"deviceCount": 2, "memoryMiB": DEVICE_MIB},
-            "kubelet": {"devicePluginDir": str(d / "dp"), "podResourcesSocket": str(d / "pr.sock")},
-            "health": {"pollIntervalSeconds": 0.05},
-        }
-    )
+    return agent_config(d, memory_mib=DEVICE_MIB, memoryUnitMiB=unit_mib)
 
 
 @pytest.fixture
 def rig() -> Iterator[Rig]:
-    d = Path(tempfile.mkdtemp(prefix="gsu-", dir="/tmp"))  # short: unix socket paths
-    (d / "dp").mkdir()
-    kubelet = KubeletStub(d / "dp").start()
-    pr = FakePodResources(d / "pr.sock").start()
-    r = Rig(d, _cfg(d, 1024), kubelet, pr, FakePods(), RecordingPublisher())
-    try:
-        r.start_agent()
+    with running_rig(lambda d: _cfg(d, 1024)) as r:
         yield r
-    finally:
-        r.stop_agent()
-        pr.stop()
-        kubelet.stop()
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def _restart(rig: Rig, unit_mib: int) -> None:
@@ -84,7 +59,7 @@ def test_rollback_after_unit_upgrade_with_running_slices_never_overcommits(rig: 
     told: dict[str, int] = {}
 
     def admit(name: str, memory: int, cores: int) -> None:
-        device, mib = _told(rig.admit(_pod(name, ("main", memory, cores)), rng))
+        device, mib = _told(rig.admit(pod_view(name, ("main", memory, cores)), rng))
         told[device] = told.get(device, 0) + mib
 
     admit("a", 4, 30)
@@ -115,7 +90,7 @@ def test_rollback_after_unit_upgrade_with_running_slices_never_overcommits(rig: 
 
 def test_deferred_unit_size_applies_once_no_slice_is_left(rig: Rig) -> None:
     rng = random.Random(5)
-    rig.admit(_pod("a", ("main", 2, 10)), rng)
+    rig.admit(pod_view("a", ("main", 2, 10)), rng)
     _restart(rig, 2048)
     assert len(rig.all_ids(MEM)) == 2 * 8  # deferred while "a" runs
     assert _ledger_unit(rig) == 1024
@@ -130,7 +105,7 @@ def test_deferred_unit_size_applies_once_no_slice_is_left(rig: Rig) -> None:
     assert len(latest) == 2 * 4
     assert _events(rig, "MemoryUnitChanged")
     assert _ledger_unit(rig) == 2048
-    _device, mib = _told(rig.admit(_pod("c", ("main", 2, 0)), rng))
+    _device, mib = _told(rig.admit(pod_view("c", ("main", 2, 0)), rng))
     assert mib == 4096
     assert len(rig.all_ids(CORE)) == 2 * 100
 
