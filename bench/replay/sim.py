@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from bench.replay.trace import TracePod
 from gpu_share.sharing.placement import (
+    ANY_MODEL,
     ClusterIndex,
+    ModelReq,
     NodeSlots,
     Shape,
     TieBreak,
@@ -34,12 +36,24 @@ class RunResult:
 
 def workload_of(pods: list[TracePod]) -> Workload:
     """Target mix: the trace's own GPU pod shapes weighted by how often they occur."""
-    counts: dict[tuple[int, int, int, int], int] = {}
+    counts: dict[tuple[int, int, int, int, ModelReq], int] = {}
     for p in pods:
-        for c in p.demand().containers:
-            k = (c.memory_units, c.cores, p.cpu_milli, p.memory_mib)
+        d = p.demand()
+        for c in d.containers:
+            k = (c.memory_units, c.cores, p.cpu_milli, p.memory_mib, d.models)
             counts[k] = counts.get(k, 0) + 1
-    return Workload(Shape(m, c, float(n), cpu, mem) for (m, c, cpu, mem), n in counts.items())
+    return Workload(
+        Shape(m, c, float(n), cpu, mem, models) for (m, c, cpu, mem, models), n in counts.items()
+    )
+
+
+BLIND = "fgd-blind"  # bench only: fgd whose workload ignores model requirements (as before)
+
+
+def blind(workload: Workload) -> Workload:
+    """The same mix with every requirement dropped (fgd before model awareness): every
+    shape counts toward every model, and no model is kept for the pods bound to it."""
+    return Workload(replace(s, models=ANY_MODEL) for s in workload.shapes)
 
 
 def run(
@@ -51,7 +65,10 @@ def run(
     seed: int,
     curve_every: int = 50,
 ) -> RunResult:
-    pol = make_policy(policy, workload if policy == "fgd" else None)
+    if policy == BLIND:
+        pol = make_policy("fgd", blind(workload))
+    else:
+        pol = make_policy(policy, workload if policy == "fgd" else None)
     index = ClusterIndex(pol, nodes, TieBreak(tie_break), random.Random(seed))
     capacity = sum(len(n.devices) for n in nodes) * 1000
     res = RunResult(policy, tie_break, seed)

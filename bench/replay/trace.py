@@ -9,12 +9,20 @@ policy is unit-agnostic). Allocation is counted in GPU-milli, as in the FGD pape
 from __future__ import annotations
 
 import csv
+import functools
 import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpu_share.sharing.placement import Demand, DeviceSlot, NodeSlots, PodDemand
+from gpu_share.sharing.placement import (
+    Demand,
+    DeviceSlot,
+    ModelReq,
+    NodeSlots,
+    PodDemand,
+    label_form,
+)
 
 # The trace lives in shared/ beside the checkout (never copied into the repo).
 _BESIDE_REPO = Path(__file__).resolve().parents[3] / "shared" / "traces" / "openb"
@@ -51,11 +59,16 @@ class TracePod:
             containers = (Demand("main", m, m),)
         else:  # whole devices (the trace has no fractional multi-GPU pods)
             containers = (Demand("main", self.num_gpu * units, self.num_gpu * units),)
+        models = model_req(self.gpu_spec)
         if not host:
-            return PodDemand(containers, model=self.gpu_spec)
-        return PodDemand(
-            containers, cpu=self.cpu_milli, host_memory=self.memory_mib, model=self.gpu_spec
-        )
+            return PodDemand(containers, models=models)
+        return PodDemand(containers, cpu=self.cpu_milli, host_memory=self.memory_mib, models=models)
+
+
+@functools.lru_cache(maxsize=1024)
+def model_req(gpu_spec: str) -> ModelReq:
+    """The trace's ``gpu_spec`` ("A|B", "" = any) as a requirement."""
+    return ModelReq.parse(gpu_spec)
 
 
 def load_nodes(path: Path | None = None, units: int = UNITS, host: bool = True) -> list[NodeSlots]:
@@ -70,13 +83,16 @@ def load_nodes(path: Path | None = None, units: int = UNITS, host: bool = True) 
             devices = tuple(
                 DeviceSlot(f"{row['sn']}-gpu{i}", i, units, units, units, units) for i in range(n)
             )
+            cpu, mem = int(row["cpu_milli"]), int(row["memory_mib"])
             out.append(
                 NodeSlots(
                     row["sn"],
                     devices,
-                    int(row["cpu_milli"]) if host else None,
-                    int(row["memory_mib"]) if host else None,
-                    row.get("model") or "",
+                    cpu if host else None,
+                    mem if host else None,
+                    label_form(row.get("model") or ""),
+                    cpu_total=cpu if host else None,
+                    host_memory_total=mem if host else None,
                 )
             )
     return out

@@ -42,7 +42,7 @@ def extender_and_scheduler(
 
     view = KubeClusterView(
         api, domain="vendor.com", memory_resource=MEM, core_resource=CORE,
-        default_workload=workload,
+        default_workload=workload, decision_key=key,
     )
     server = None
     sched = None

@@ -1,6 +1,7 @@
 """L3: the extender's cluster view on a real kube-apiserver + etcd: host CPU/memory of a
 node = its allocatable minus the requests of every pod bound to it (ours or not), plus
-bind reservations until the watch shows the pod."""
+bind reservations until the watch shows the pod; pod annotations count only when signed
+for that pod on that node."""
 
 from __future__ import annotations
 
@@ -15,12 +16,21 @@ from kubernetes import client as k8s
 
 from gpu_share.kube.client import make_api_client
 from gpu_share.kube.cluster_view import KubeClusterView
-from gpu_share.sharing.annotations import InventoryAnnotation, InventoryDevice, inventory_key
+from gpu_share.sharing.annotations import (
+    ContainerAssignment,
+    InventoryAnnotation,
+    InventoryDevice,
+    PodAssignment,
+    assignment_key,
+    inventory_key,
+)
+from gpu_share.sharing.model import DeviceShare
 from gpu_share.sharing.placement import NodeSlots, Shape, Workload
 
 pytestmark = pytest.mark.apiserver
 
 MEM, CORE = "vendor.com/vcuda-memory", "vendor.com/vcuda-core"
+KEY = b"l3-cluster-view-key-0123456789"
 
 
 def until(cond: Callable[[], Any], timeout: float = 15.0) -> Any:
@@ -56,6 +66,7 @@ def env(apiserver: ApiServer) -> Iterator[tuple[k8s.CoreV1Api, str, str, KubeClu
         memory_resource=MEM,
         core_resource=CORE,
         default_workload=Workload([Shape(4, 30, 1.0)]),
+        decision_key=KEY,
     )
     view.start()
     assert view.wait_synced(15)
@@ -104,3 +115,39 @@ def test_host_resources_follow_bound_pods_and_reservations(
     # Deleting the plain pod gives its share back.
     core.delete_namespaced_pod("plain", ns, grace_period_seconds=0)
     until(lambda: _host(view, node) == (6000, 31744))
+
+
+def test_forged_assignment_annotation_is_ignored(
+    env: tuple[k8s.CoreV1Api, str, str, KubeClusterView],
+) -> None:
+    core, ns, node, view = env
+
+    def gpu_free() -> tuple[int, int]:
+        n = view.node(node)
+        assert n is not None
+        return (n.devices[0].memory_free, n.devices[0].cores_free)
+
+    until(lambda: gpu_free() == (16, 100))
+    whole = PodAssignment(
+        {"c": ContainerAssignment((DeviceShare("GPU-0", 16, 100, True),), "node-agent")}
+    )
+    # A tenant's pod on the node claims the whole device in its own annotation.
+    forged = _pod("forged", node, "100m", "64Mi", gpu=True)
+    forged["metadata"]["annotations"] = {assignment_key("vendor.com"): whole.encode()}
+    core.create_namespaced_pod(ns, forged)
+    until(lambda: view.untrusted["BadSignature"] >= 1)
+    assert gpu_free() == (16, 100)
+    # The agent's signed assignment of a real pod counts (the inventory lags here) ...
+    uid = core.create_namespaced_pod(ns, _pod("real", node, "100m", "64Mi", gpu=True)).metadata.uid
+    four = PodAssignment({"c": ContainerAssignment((DeviceShare("GPU-0", 4, 30),), "node-agent")})
+    genuine = four.encode(KEY, pod_uid=uid, node=node)
+    core.patch_namespaced_pod(
+        "real", ns, {"metadata": {"annotations": {assignment_key("vendor.com"): genuine}}}
+    )
+    until(lambda: gpu_free() == (12, 70))
+    # ... and the same text copied onto the tenant's pod does not.
+    core.patch_namespaced_pod(
+        "forged", ns, {"metadata": {"annotations": {assignment_key("vendor.com"): genuine}}}
+    )
+    until(lambda: view.untrusted["UidMismatch"] >= 1)
+    assert gpu_free() == (12, 70)

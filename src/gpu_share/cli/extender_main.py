@@ -3,19 +3,27 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
 import signal
+import ssl
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import ValidationError
+
+from gpu_share.config.model import ResourcesConfig
 from gpu_share.extender.core import Extender, ExtenderSettings
-from gpu_share.extender.http import make_server
+from gpu_share.extender.http import EXTENDER_LIMITS, make_server
 from gpu_share.extender.ports import ClusterView
 from gpu_share.kube.client import make_api_client
 from gpu_share.kube.cluster_view import KubeBinder, KubeClusterView
+from gpu_share.observability.http import ServerLimits, server_tls_context
 from gpu_share.sharing.model import ResourceNames
+from gpu_share.sharing.model_req import DEFAULT_MODEL_LABEL
 from gpu_share.sharing.placement import (
     ClusterPolicy,
     ClusterPolicyName,
@@ -36,10 +44,112 @@ def parse_workload(text: str) -> Workload:
     return Workload(shapes)
 
 
-def main(argv: list[str] | None = None) -> int:
+class UsageError(Exception):
+    """A flag combination the extender refuses to start with (exit 2)."""
+
+
+@dataclass(frozen=True)
+class Serving:
+    host: str
+    port: int
+    limits: ServerLimits
+    tls: ssl.SSLContext | None
+    mutual_tls: bool
+
+
+def split_listen(listen: str) -> tuple[str, int]:
+    """``host:port``, ``[v6]:port`` or ``:port`` (all interfaces) -> (host, port)."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isascii() or not port.isdigit() or int(port) > 65535:
+        raise UsageError(f"--listen {listen!r}: expected host:port")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    return host or "0.0.0.0", int(port)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve to anything
+
+
+def serving(a: argparse.Namespace) -> Serving:
+    """What to listen on and how, or UsageError: off loopback the extender requires
+    mutual TLS, since whoever can call /bind chooses where any pending pod runs."""
+    host, port = split_listen(a.listen)
+    cert, key, ca = a.tls_cert_file, a.tls_key_file, a.client_ca_file
+    if bool(cert) != bool(key):
+        raise UsageError("--tls-cert-file and --tls-key-file go together")
+    if ca and not cert:
+        raise UsageError("--client-ca-file needs --tls-cert-file and --tls-key-file")
+    mutual = bool(cert and key and ca)
+    if not is_loopback(host) and not mutual and not a.insecure_allow_unauthenticated:
+        raise UsageError(
+            f"refusing to listen on {a.listen} without mutual TLS: whoever reaches it can "
+            "bind any pending pod. Listen on 127.0.0.1 (sidecar of the scheduler), or set "
+            "--tls-cert-file, --tls-key-file and --client-ca-file; "
+            "--insecure-allow-unauthenticated is for test clusters only"
+        )
+    try:
+        limits = ServerLimits(
+            workers=a.workers,
+            queue=max(EXTENDER_LIMITS.queue, 4 * a.workers),
+            max_connections=max(EXTENDER_LIMITS.max_connections, 16 * a.workers),
+            read_timeout_s=a.read_timeout_seconds,
+            idle_timeout_s=a.idle_timeout_seconds,
+            max_body_bytes=a.max_body_bytes,
+        )
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    try:
+        ctx = server_tls_context(cert, key, ca or None) if cert else None
+    except (OSError, ssl.SSLError) as e:
+        raise UsageError(f"cannot load the TLS files: {e}") from None
+    return Serving(host, port, limits, ctx, mutual)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="gpu-share-extender")
     env = os.environ.get
-    ap.add_argument("--listen", default=env("GPU_SHARE_EXTENDER_LISTEN", "0.0.0.0:8888"))
+    ap.add_argument(
+        "--listen",
+        default=env("GPU_SHARE_EXTENDER_LISTEN", "127.0.0.1:8888"),
+        help="host:port; off loopback, mutual TLS is required (docs/extender.md)",
+    )
+    ap.add_argument("--tls-cert-file", default=env("GPU_SHARE_EXTENDER_TLS_CERT_FILE"))
+    ap.add_argument("--tls-key-file", default=env("GPU_SHARE_EXTENDER_TLS_KEY_FILE"))
+    ap.add_argument(
+        "--client-ca-file",
+        default=env("GPU_SHARE_EXTENDER_CLIENT_CA_FILE"),
+        help="require a client certificate signed by this CA (mutual TLS)",
+    )
+    ap.add_argument(
+        "--insecure-allow-unauthenticated",
+        action="store_true",
+        help="serve plain HTTP off loopback (test clusters only)",
+    )
+    ap.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=env("GPU_SHARE_EXTENDER_MAX_BODY_BYTES", str(EXTENDER_LIMITS.max_body_bytes)),
+    )
+    ap.add_argument(
+        "--read-timeout-seconds",
+        type=float,
+        default=env("GPU_SHARE_EXTENDER_READ_TIMEOUT_SECONDS", "10"),
+        help="to receive a whole request (and to send each answer)",
+    )
+    ap.add_argument(
+        "--idle-timeout-seconds",
+        type=float,
+        default=env("GPU_SHARE_EXTENDER_IDLE_TIMEOUT_SECONDS", "30"),
+        help="a kept-alive connection without a request is closed after this",
+    )
+    # String defaults: argparse converts them with ``type``, so a bad env value is a
+    # usage error (exit 2), not a traceback.
+    ap.add_argument("--workers", type=int, default=env("GPU_SHARE_EXTENDER_WORKERS", "16"))
     ap.add_argument("--domain", default=env("GPU_SHARE_DOMAIN", "vendor.com"))
     ap.add_argument("--memory-name", default=env("GPU_SHARE_MEMORY_NAME", "vcuda-memory"))
     ap.add_argument("--core-name", default=env("GPU_SHARE_CORE_NAME", "vcuda-core"))
@@ -56,12 +166,38 @@ def main(argv: list[str] | None = None) -> int:
         default=env("GPU_SHARE_DEFAULT_WORKLOAD", "4:25,8:50,16:100"),
         help="memoryUnits:cores[:weight],... used until pods are seen",
     )
+    ap.add_argument(
+        "--model-label",
+        default=env("GPU_SHARE_MODEL_LABEL", DEFAULT_MODEL_LABEL),
+        help="node label naming the GPU model (nodeSelector/affinity on it restrict models)",
+    )
     ap.add_argument("--kubeconfig", default=env("KUBECONFIG"))
     ap.add_argument("--log-level", default=env("GPU_SHARE_LOG_LEVEL", "info"))
-    a = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def _view_alive(view: KubeClusterView) -> bool:
+    """The cluster view's watch loops beat (raises naming a stalled one)."""
+    loops = getattr(view, "loops", None)  # set by view.start()
+    return True if loops is None else bool(loops.check())
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    try:
+        plan = serving(a)
+    except UsageError as e:
+        print(f"gpu-share-extender: {e}", file=sys.stderr)
+        return 2
     logging.basicConfig(
         level=a.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    try:  # the agent's rules for the same names (one validation path)
+        ResourcesConfig(domain=a.domain, memory_name=a.memory_name, core_name=a.core_name)
+    except ValidationError as e:
+        why = "; ".join(str(err["msg"]) for err in e.errors())
+        print(f"gpu-share-extender: invalid resource names: {why}"[:500], file=sys.stderr)
+        return 2
     key = Path(a.key_file).read_bytes().strip()
     if len(key) < 16:
         print(f"decision key {a.key_file} is shorter than 16 bytes", file=sys.stderr)
@@ -74,10 +210,9 @@ def main(argv: list[str] | None = None) -> int:
         memory_resource=names.memory,
         core_resource=names.core,
         default_workload=parse_workload(a.default_workload),
+        decision_key=key,  # pod annotations count only when signed with it
+        model_label=a.model_label,
     )
-    view.start()
-    if not view.wait_synced(60):
-        log.warning("cluster view not synced after 60 s; serving anyway")
 
     cache: dict[str, tuple[Workload | None, ClusterPolicy]] = {}
 
@@ -90,16 +225,36 @@ def main(argv: list[str] | None = None) -> int:
             cache["p"] = got
         return got[1]
 
-    ext = Extender(ExtenderSettings(names, a.domain, key), view, KubeBinder(api), policy)
-    host, _, port = a.listen.rpartition(":")
-    server = make_server(ext, host or "0.0.0.0", int(port))
+    settings = ExtenderSettings(names, a.domain, key, model_label=a.model_label)
+    ext = Extender(settings, view, KubeBinder(api), policy)
+    try:  # bound before the (slow) sync: a taken port fails fast
+        server = make_server(
+            ext, plan.host, plan.port, limits=plan.limits, ssl_context=plan.tls,
+            liveness=lambda: _view_alive(view),
+        )
+    except OSError as e:
+        print(f"gpu-share-extender: cannot listen on {a.listen}: {e}", file=sys.stderr)
+        return 1
+    view.start()
+    if not view.wait_synced(60):
+        log.warning("cluster view not synced after 60 s; serving anyway")
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    log.info("serving on %s (policy %s)", a.listen, a.policy)
+    server.start()
+    if plan.mutual_tls:
+        mode = "https, client certificate required"
+    elif plan.tls is not None:
+        mode = "https without client certificates"
+    else:
+        mode = "plain http"
+    if not is_loopback(plan.host) and not plan.mutual_tls:
+        log.warning("serving off loopback WITHOUT client authentication "
+                    "(--insecure-allow-unauthenticated): for test clusters only")
+    log.info("serving on %s (%s, policy %s)", a.listen, mode, a.policy)
     stop.wait()
     server.shutdown()
+    server.server_close()
     view.stop()
     return 0
 

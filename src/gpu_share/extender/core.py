@@ -12,17 +12,23 @@ from typing import Any
 from gpu_share.extender.ports import Binder, ClusterView
 from gpu_share.sharing.decision import ContainerDecision, Decision, decision_key, sign
 from gpu_share.sharing.model import ContainerRequest, ResourceNames
+from gpu_share.sharing.model_req import DEFAULT_MODEL_LABEL, pod_models
 from gpu_share.sharing.placement import (
+    ANY_MODEL,
     ClusterPolicy,
     Demand,
+    ModelReq,
     NoFit,
+    NoFitCause,
     Placement,
     PodDemand,
     evaluate_node,
+    model_free,
 )
 from gpu_share.sharing.quantity import pod_host_request
 
 MAX_PRIORITY = 10  # extenderv1.MaxExtenderPriority
+_NO_INV = NoFitCause.NO_INVENTORY
 
 
 @dataclass(frozen=True)
@@ -30,12 +36,14 @@ class ExtenderSettings:
     resources: ResourceNames
     domain: str
     key: bytes
+    model_label: str = DEFAULT_MODEL_LABEL  # node label naming the GPU model
 
 
 def _quantity(v: Any) -> int:
     s = str(v).strip()
-    if not s.isdigit():
-        raise ValueError(f"extended resource quantity must be a whole number, got {v!r}")
+    # ASCII digits only: "²" or "٣" pass str.isdigit() and then fail int() or mean 3.
+    if not (s.isascii() and s.isdigit() and len(s) <= 18):
+        raise ValueError(f"extended resource quantity must be a whole number, got {str(v)[:40]!r}")
     return int(s)
 
 
@@ -63,11 +71,19 @@ class PodAsk:
     requests: dict[str, ContainerRequest]
     cpu: int = 0
     memory: int = 0
+    models: ModelReq = ANY_MODEL  # GPU models it accepts (sharing.model_req)
 
 
-def pod_ask(pod: Mapping[str, Any], names: ResourceNames) -> PodAsk:
-    """Raises ValueError (QuantityError is one) on a malformed quantity."""
-    return PodAsk(pod_requests(pod, names), *pod_host_request(pod))
+def pod_ask(
+    pod: Mapping[str, Any],
+    names: ResourceNames,
+    domain: str = "",
+    model_label: str = DEFAULT_MODEL_LABEL,
+) -> PodAsk:
+    """Raises ValueError (QuantityError is one) on a malformed quantity or models
+    annotation."""
+    cpu, memory = pod_host_request(pod)
+    return PodAsk(pod_requests(pod, names), cpu, memory, pod_models(pod, model_label, domain))
 
 
 def to_demand(ask: PodAsk) -> PodDemand:
@@ -75,6 +91,7 @@ def to_demand(ask: PodAsk) -> PodDemand:
         tuple(Demand(n, r.memory_units, r.cores) for n, r in ask.requests.items()),
         cpu=ask.cpu,
         host_memory=ask.memory,
+        models=ask.models,
     )
 
 
@@ -98,7 +115,8 @@ class Extender:
         self._seen_lock = threading.Lock()
 
     def _remember(self, pod: Mapping[str, Any]) -> PodAsk:
-        reqs = pod_ask(pod, self.settings.resources)
+        st = self.settings
+        reqs = pod_ask(pod, st.resources, st.domain, st.model_label)
         uid = str((pod.get("metadata") or {}).get("uid", ""))
         if uid:
             with self._seen_lock:
@@ -117,13 +135,16 @@ class Extender:
 
     def _evaluate(self, names: list[str], demand: PodDemand) -> dict[str, Placement | NoFit]:
         policy = self._policy_factory(self.view)
+        slots = {n: self.view.node(n) for n in names}
+        # Model pressure over the candidates (the replay: over the cluster).
+        free = model_free(s for s in slots.values() if s is not None) if policy.priced else {}
+        prices = policy.prices(free)
         out: dict[str, Placement | NoFit] = {}
-        for n in names:
-            slots = self.view.node(n)
+        for n, s in slots.items():
             out[n] = (
-                NoFit(n, "node has no gpu-share inventory (agent not running?)")
-                if slots is None
-                else evaluate_node(policy, slots, demand)
+                NoFit(n, "node has no gpu-share inventory (agent not running?)", _NO_INV)
+                if s is None
+                else evaluate_node(policy, s, demand, prices)
             )
         return out
 
@@ -192,7 +213,8 @@ class Extender:
             if pod is None:
                 return {"Error": f"pod {ns}/{name} not found"}
             try:
-                reqs = pod_ask(pod, self.settings.resources)
+                st = self.settings
+                reqs = pod_ask(pod, st.resources, st.domain, st.model_label)
             except ValueError as e:
                 return {"Error": f"pod {ns}/{name}: {e}"}
         annotations: dict[str, str] = {}

@@ -5,6 +5,12 @@ HTTP 410 or any error after a short pause); ``node()`` merges a node's inventory
 annotation with the annotations of its pods and pending reservations
 (``sharing.placement.view``), and its allocatable CPU/memory with the requests of every
 pod bound to it, so the policy scores host resources as the trace replay does.
+
+Pod annotations are tenant-writable, so a pod's ``decision`` and ``assignment`` count only
+when their HMAC verifies under the extender's key AND they were signed for that pod's UID
+on the node it is bound to (``_trusted``, computed once per watch event). Anything else is
+ignored (counted in ``untrusted`` by reason, logged at most once a minute) and the pod is
+accounted as an unannotated one: by the node's inventory annotation (the agent's ledger).
 """
 
 from __future__ import annotations
@@ -13,21 +19,36 @@ import json
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
 from kubernetes import client as k8s
 
-from gpu_share.errors import KubeAccessError
 from gpu_share.kube.client import KubeTimeouts, access_error, call_json
-from gpu_share.sharing.annotations import AnnotationError, InventoryAnnotation, inventory_key
-from gpu_share.sharing.placement import NodeSlots, Shape, Workload
+from gpu_share.observability.loops import Backoff, LoopSupervisor
+from gpu_share.sharing.annotations import (
+    MALFORMED,
+    AnnotationError,
+    InventoryAnnotation,
+    assignment_key,
+    inventory_key,
+    verify_assignment,
+)
+from gpu_share.sharing.decision import DecisionError, decision_key, verify_binding
+from gpu_share.sharing.model_req import DEFAULT_MODEL_LABEL, models_or_any, node_model
+from gpu_share.sharing.placement import ModelReq, NodeSlots, Shape, Workload
 from gpu_share.sharing.placement.view import Usage, node_slots, pod_usage
 from gpu_share.sharing.quantity import QuantityError, cpu_milli, memory_mib, pod_host_request
 
 log = logging.getLogger(__name__)
 PENDING_TTL_S = 120.0  # a reservation the watch never confirmed is dropped after this
+UNTRUSTED_LOG_EVERY_S = 60.0  # ignored annotations: one summary log line at most this often
+WATCH_TIMEOUT_S = 300  # server-side end of one watch
+WATCH_PAUSE_S = 2.0  # first pause after a failed watch (then growing, at most 30 s)
+# A quiet watch beats once per WATCH_TIMEOUT_S; room for a read timeout and a pause.
+WATCH_MAX_AGE_S = WATCH_TIMEOUT_S + 180.0
 
 
 def _lines(resp: Any) -> Iterator[bytes]:
@@ -51,13 +72,27 @@ class KubeClusterView:
         memory_resource: str,
         core_resource: str,
         default_workload: Workload,
+        decision_key: bytes,
         timeouts: KubeTimeouts | None = None,
         clock: Callable[[], float] = time.monotonic,
+        on_untrusted: Callable[[str], None] | None = None,
+        model_label: str = DEFAULT_MODEL_LABEL,
     ) -> None:
+        """``decision_key``: the extender's HMAC key; pod annotations that do not verify
+        under it are ignored. ``on_untrusted(reason)``: called per ignored annotation (a
+        metric hook)."""
         self._core = k8s.CoreV1Api(api_client)
         self._domain = domain
+        self._key = decision_key
+        self._on_untrusted = on_untrusted
+        self.untrusted: Counter[str] = Counter()  # reason -> annotations ignored
+        self._untrusted_logged: tuple[float, int] = (float("-inf"), 0)
+        # uid -> the pod's annotations that verified (what node() counts)
+        self._trusted: dict[str, dict[str, str]] = {}
         self._mem, self._cores = memory_resource, core_resource
         self._default = default_workload
+        self._model_label = model_label  # node label naming the GPU model (model_req)
+        self._model: dict[str, str] = {}  # node -> its model as requirements name it
         self._t = timeouts or KubeTimeouts()
         self._clock = clock
         self._lock = threading.Lock()
@@ -83,9 +118,11 @@ class KubeClusterView:
             usages = []
             counted = set()
             for uid, p in self._pods.items():
-                if (p.get("spec") or {}).get("nodeName") == name:
-                    ann = (p.get("metadata") or {}).get("annotations") or {}
-                    usages.append(pod_usage(ann, self._domain, totals))
+                trusted = self._trusted.get(uid)
+                # A bound pod without a verified annotation counts by its bind reservation
+                # (if any, below) and else by the inventory, like an unannotated pod.
+                if trusted and (p.get("spec") or {}).get("nodeName") == name:
+                    usages.append(pod_usage(trusted, self._domain, totals))
                     counted.add(uid)
             on_node = self._host.get(name, {})
             cpu_used = sum(c for c, _ in on_node.values())
@@ -99,7 +136,7 @@ class KubeClusterView:
                     usages.append(u)
                     if uid not in on_node:
                         cpu_used, mem_used = cpu_used + c, mem_used + m
-            slots = node_slots(inv, usages)
+            slots = node_slots(inv, usages, self._model.get(name))
             cpu, mem = self._alloc.get(name, (None, None))
             return replace(
                 slots,
@@ -110,16 +147,17 @@ class KubeClusterView:
     def workload(self) -> Workload:
         """Requests of pods seen (bound or pending), else the configured default mix."""
         with self._lock:
-            counts: dict[tuple[int, int, int, int], int] = {}
+            counts: dict[tuple[int, int, int, int, ModelReq], int] = {}
             for p in self._pods.values():
                 cpu, mem = _host_request(p)
+                req = models_or_any(p, self._model_label, self._domain)
                 for m, c in self._requests(p):
-                    counts[(m, c, cpu, mem)] = counts.get((m, c, cpu, mem), 0) + 1
-            key = tuple(sorted(counts.items()))
+                    counts[(m, c, cpu, mem, req)] = counts.get((m, c, cpu, mem, req), 0) + 1
+            key = tuple(sorted(counts.items(), key=lambda kv: (kv[0][:4], str(kv[0][4]))))
             # Same mix, same object: the policy built on it keeps its memo across requests.
             if self._wl is None or self._wl[0] != key:
                 wl = (
-                    Workload(Shape(m, c, float(n), cpu, mem) for (m, c, cpu, mem), n in key)
+                    Workload(Shape(m, c, float(n), cpu, mem, r) for (m, c, cpu, mem, r), n in key)
                     if key
                     else self._default
                 )
@@ -130,7 +168,7 @@ class KubeClusterView:
         with self._lock:
             p = self._pods.get(pod_uid)
             bound = p is not None and (p.get("spec") or {}).get("nodeName") == node
-            if not (bound and self._has_own_annotation(p or {})):
+            if not (bound and self._trusted.get(pod_uid)):
                 host = _host_request(p) if p is not None else (0, 0)
                 self._pending[pod_uid] = (node, dict(shares), host, self._clock())
 
@@ -147,11 +185,19 @@ class KubeClusterView:
             raise access_error(op, e) from e
 
     # -- watch
-    def start(self) -> None:
+    def start(self, loops: LoopSupervisor | None = None) -> None:
+        """Watch nodes and pods in two supervised loops (``self.loops``: a failure is
+        logged, counted and followed by a pause; ``self.loops.check`` is a liveness
+        probe naming a watch that stopped beating)."""
+        self.loops = loops or LoopSupervisor(backoff=Backoff(WATCH_PAUSE_S, 30.0))
+        self._rv = {"nodes": "", "pods": ""}
         for what in ("nodes", "pods"):
-            threading.Thread(
-                target=self._run, args=(what,), name=f"view-{what}", daemon=True
-            ).start()
+            self.loops.spawn(
+                f"view-{what}",
+                lambda what=what: self._watch_once(what),  # type: ignore[misc]
+                max_age_s=WATCH_MAX_AGE_S,
+                stop=self._stop,
+            )
 
     def stop(self) -> None:
         self._stop.set()
@@ -175,12 +221,49 @@ class KubeClusterView:
                 out.append((m, k))
         return out
 
-    def _has_own_annotation(self, pod: Mapping[str, Any]) -> bool:
+    def _trust(self, uid: str, node: str, pod: Mapping[str, Any]) -> dict[str, str]:
+        """The pod's decision/assignment annotations that verify for (uid, node)."""
         ann = (pod.get("metadata") or {}).get("annotations") or {}
-        return any(
-            k.startswith(f"gpu-share.{self._domain}/") and k.endswith(("/decision", "/assignment"))
-            for k in ann
+        out: dict[str, str] = {}
+        if not node:
+            return out  # annotated but not bound yet: nothing to count, nothing to judge
+        checks: tuple[tuple[str, Callable[[str, bytes, str, str], object]], ...] = (
+            (assignment_key(self._domain), verify_assignment),
+            (decision_key(self._domain), verify_binding),
         )
+        for key, check in checks:
+            text = ann.get(key)
+            if not isinstance(text, str) or not text:
+                continue
+            try:
+                check(text, self._key, uid, node)
+            except (AnnotationError, DecisionError) as e:
+                self._untrusted(e.reason, pod)
+                continue
+            except Exception:  # tenant input must never break the watch
+                self._untrusted(MALFORMED, pod)
+                continue
+            out[key] = text
+        return out
+
+    def _untrusted(self, reason: str, pod: Mapping[str, Any]) -> None:
+        self.untrusted[reason] += 1
+        if self._on_untrusted is not None:
+            try:
+                self._on_untrusted(reason)
+            except Exception:  # a broken metric hook must not break the watch
+                log.exception("on_untrusted hook failed")
+        now, total = self._clock(), sum(self.untrusted.values())
+        last, seen = self._untrusted_logged
+        if now - last >= UNTRUSTED_LOG_EVERY_S:
+            meta = pod.get("metadata") or {}
+            who = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+            log.warning(
+                "ignoring gpu-share annotations that do not verify (%s on pod %s; %d ignored "
+                "since the last report, by reason: %s)",
+                reason, who[:200], total - seen, dict(self.untrusted),
+            )
+            self._untrusted_logged = (now, total)
 
     def _apply(self, what: str, etype: str, obj: Mapping[str, Any]) -> None:
         meta = obj.get("metadata") or {}
@@ -197,9 +280,12 @@ class KubeClusterView:
                 if inv is None:
                     self._nodes.pop(name, None)
                     self._alloc.pop(name, None)
+                    self._model.pop(name, None)
                 else:
                     self._nodes[name] = inv
                     self._alloc[name] = _allocatable(obj)
+                    first = inv.devices[0].model if inv.devices else ""
+                    self._model[name] = node_model(meta.get("labels"), self._model_label, first)
                 return
             uid = str(meta.get("uid", ""))
             phase = (obj.get("status") or {}).get("phase")
@@ -215,9 +301,15 @@ class KubeClusterView:
             if etype == "DELETED" or phase in ("Succeeded", "Failed") or not self._requests(obj):
                 self._pods.pop(uid, None)
                 self._pending.pop(uid, None)
+                self._trusted.pop(uid, None)
                 return
             self._pods[uid] = dict(obj)
-            if bound and self._has_own_annotation(obj):
+            trusted = self._trust(uid, node, obj)
+            if trusted:
+                self._trusted[uid] = trusted
+            else:
+                self._trusted.pop(uid, None)
+            if bound and trusted:
                 self._pending.pop(uid, None)
 
     def _list(self, what: str) -> str:
@@ -229,6 +321,7 @@ class KubeClusterView:
                 self._alloc.clear()
             else:
                 self._pods.clear()
+                self._trusted.clear()
                 self._host.clear()
                 self._host_node.clear()
         for item in page.get("items") or ():
@@ -236,44 +329,33 @@ class KubeClusterView:
         self._synced[what].set()
         return str((page.get("metadata") or {}).get("resourceVersion", ""))
 
-    def _run(self, what: str) -> None:
-        rv = ""
-        while not self._stop.is_set():
-            try:
-                if not rv:
-                    rv = self._list(what)
-                fn = (
-                    self._core.list_node
-                    if what == "nodes"
-                    else self._core.list_pod_for_all_namespaces
-                )
-                resp = fn(
-                    watch=True,
-                    resource_version=rv,
-                    allow_watch_bookmarks=True,
-                    timeout_seconds=300,
-                    _preload_content=False,
-                    _request_timeout=(self._t.connect, 300 + self._t.read),
-                )
-                for line in _lines(resp):
-                    ev = json.loads(line)
-                    obj = ev.get("object") or {}
-                    if ev.get("type") == "ERROR":
-                        rv = ""  # 410 Gone and friends: relist
-                        break
-                    rv = str((obj.get("metadata") or {}).get("resourceVersion", rv))
-                    if ev.get("type") != "BOOKMARK":
-                        self._apply(what, str(ev.get("type")), obj)
-                    if self._stop.is_set():
-                        return
-            except (k8s.ApiException, KubeAccessError, OSError, ValueError) as e:
-                log.warning("watch %s: %s; relisting", what, e)
-                rv = ""
-                self._stop.wait(2.0)
-            except Exception as e:  # urllib3 protocol errors etc.; keep watching
-                log.warning("watch %s: %r; relisting", what, e)
-                rv = ""
-                self._stop.wait(2.0)
+    def _watch_once(self, what: str) -> None:
+        """One pass: list when needed, then one watch until it ends. Whatever it raises
+        goes to the supervisor (logged, counted, a pause) and the next pass relists."""
+        rv = self._rv[what]
+        self._rv[what] = ""  # relist after a failure
+        if not rv:
+            rv = self._list(what)
+        fn = self._core.list_node if what == "nodes" else self._core.list_pod_for_all_namespaces
+        resp = fn(
+            watch=True,
+            resource_version=rv,
+            allow_watch_bookmarks=True,
+            timeout_seconds=WATCH_TIMEOUT_S,
+            _preload_content=False,
+            _request_timeout=(self._t.connect, WATCH_TIMEOUT_S + self._t.read),
+        )
+        for line in _lines(resp):
+            ev = json.loads(line)
+            obj = ev.get("object") or {}
+            if ev.get("type") == "ERROR":
+                return  # 410 Gone and friends: relist
+            rv = str((obj.get("metadata") or {}).get("resourceVersion", rv))
+            if ev.get("type") != "BOOKMARK":
+                self._apply(what, str(ev.get("type")), obj)
+            if self._stop.is_set():
+                return
+        self._rv[what] = rv  # the watch timed out cleanly: resume from here
 
 
 def _host_request(pod: Mapping[str, Any]) -> tuple[int, int]:

@@ -10,6 +10,8 @@ from gpu_share.sharing.placement.cluster import (
     choose,
     evaluate_node,
     host_fits,
+    host_nofit,
+    model_free,
     pod_shape,
 )
 from gpu_share.sharing.placement.fragmentation import Shape, Workload, amount
@@ -20,13 +22,22 @@ from gpu_share.sharing.placement.model import (
     DeviceSlot,
     NodeSlots,
     NoFit,
+    NoFitCause,
     Placement,
     PodDemand,
     TieBreak,
 )
+from gpu_share.sharing.placement.models import (
+    ANY_MODEL,
+    ModelPressure,
+    ModelReq,
+    ModelTerm,
+    label_form,
+)
 from gpu_share.sharing.placement.policy import ClusterPolicy, ClusterPolicyName, make_policy
 
 __all__ = [
+    "ANY_MODEL",
     "MILLI",
     "ClusterIndex",
     "ClusterPolicy",
@@ -34,7 +45,11 @@ __all__ = [
     "ContainerPlacement",
     "Demand",
     "DeviceSlot",
+    "ModelPressure",
+    "ModelReq",
+    "ModelTerm",
     "NoFit",
+    "NoFitCause",
     "NodeSlots",
     "Placement",
     "PodDemand",
@@ -46,6 +61,9 @@ __all__ = [
     "choose",
     "evaluate_node",
     "host_fits",
+    "host_nofit",
+    "label_form",
     "make_policy",
+    "model_free",
     "pod_shape",
 ]

@@ -10,37 +10,69 @@ from __future__ import annotations
 
 import bisect
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
+from gpu_share.sharing.placement.fragmentation import amount
 from gpu_share.sharing.placement.model import (
     ContainerPlacement,
     DeviceSlot,
     NodeSlots,
     NoFit,
+    NoFitCause,
     Placement,
     PodDemand,
     StateKey,
     TieBreak,
 )
-from gpu_share.sharing.placement.policy import ClusterPolicy, DemandShape, Host, StateEval
+from gpu_share.sharing.placement.policy import ClusterPolicy, DemandShape, Host, Plan, StateEval
 
 
 def pod_shape(pod: PodDemand) -> DemandShape:
     return tuple((c.memory_units, c.cores) for c in pod.containers)
 
 
-def host_fits(node: NodeSlots, pod: PodDemand) -> str | None:
-    """Why the node's host resources or model rule the pod out, or None."""
-    if pod.model and node.model not in pod.model.split("|"):
-        return f"device model {node.model or 'unknown'!r} is not {pod.model!r}"
+def _short(text: str, limit: int = 100) -> str:
+    """Requirements can come from tenants: never echo them unbounded."""
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def host_nofit(node: NodeSlots, pod: PodDemand) -> NoFit | None:
+    """Why the node's device model or host resources rule the pod out, or None."""
+    if not pod.models.allows(node.model):
+        return NoFit(
+            node.name,
+            f"device model {node.model or 'unknown'!r} is not one the pod accepts"
+            f" ({_short(str(pod.models))})",
+            NoFitCause.MODEL,
+        )
     if node.cpu_free is not None and pod.cpu > node.cpu_free:
-        return f"insufficient cpu ({node.cpu_free}m free, {pod.cpu}m requested)"
+        return NoFit(
+            node.name,
+            f"insufficient cpu ({node.cpu_free}m free, {pod.cpu}m requested)",
+            NoFitCause.CPU,
+        )
     if node.host_memory_free is not None and pod.host_memory > node.host_memory_free:
-        return (
-            f"insufficient memory ({node.host_memory_free}Mi free, {pod.host_memory}Mi requested)"
+        return NoFit(
+            node.name,
+            f"insufficient memory ({node.host_memory_free}Mi free, {pod.host_memory}Mi requested)",
+            NoFitCause.MEMORY,
         )
     return None
+
+
+def host_fits(node: NodeSlots, pod: PodDemand) -> str | None:
+    """Why the node's device model or host resources rule the pod out, or None."""
+    got = host_nofit(node, pod)
+    return None if got is None else got.reason
+
+
+def model_free(nodes: Iterable[NodeSlots]) -> dict[str, float]:
+    """Free GPU-milli of healthy devices per device model (for ``ClusterPolicy.prices``)."""
+    out: dict[str, float] = {}
+    for n in nodes:
+        out[n.model] = out.get(n.model, 0.0) + sum(amount(d.key) for d in n.devices if d.healthy)
+    return out
 
 
 def no_fit_reason(node: NodeSlots, pod: PodDemand) -> str:
@@ -62,8 +94,19 @@ def no_fit_reason(node: NodeSlots, pod: PodDemand) -> str:
     )
 
 
-def host_of(node: NodeSlots, pod: PodDemand) -> Host:
-    return Host(node.cpu_free, node.host_memory_free, pod.cpu, pod.host_memory)
+def host_of(node: NodeSlots, pod: PodDemand, prices: Mapping[str, float] | None = None) -> Host:
+    return Host(
+        node.cpu_free,
+        node.host_memory_free,
+        pod.cpu,
+        pod.host_memory,
+        model=node.model,
+        price=(prices or {}).get(node.model, 0.0),
+        cpu_total=node.cpu_total,
+        memory_total=node.host_memory_total,
+        held=node.held,
+        shape=pod_shape(pod),
+    )
 
 
 def realise(node: NodeSlots, pod: PodDemand, ev: StateEval) -> Placement:
@@ -110,6 +153,7 @@ def apply(node: NodeSlots, pod: PodDemand, placement: Placement) -> NodeSlots:
                 memory_free=cur.memory_free - cp.memory_units,
                 cores_free=cur.cores_free - cp.cores,
             )
+    shape = pod_shape(pod)
     return replace(
         node,
         devices=tuple(devs[i] for i in sorted(devs)),
@@ -117,15 +161,22 @@ def apply(node: NodeSlots, pod: PodDemand, placement: Placement) -> NodeSlots:
         host_memory_free=(
             None if node.host_memory_free is None else node.host_memory_free - pod.host_memory
         ),
+        held=node.held | {shape} if placement.containers else node.held,
     )
 
 
-def evaluate_node(policy: ClusterPolicy, node: NodeSlots, pod: PodDemand) -> Placement | NoFit:
-    """The best placement of ``pod`` on ``node`` alone, or why there is none."""
-    why = host_fits(node, pod)
+def evaluate_node(
+    policy: ClusterPolicy,
+    node: NodeSlots,
+    pod: PodDemand,
+    prices: Mapping[str, float] | None = None,
+) -> Placement | NoFit:
+    """The best placement of ``pod`` on ``node`` alone, or why there is none.
+    ``prices``: ``policy.prices(model_free(nodes))`` over the nodes being compared."""
+    why = host_nofit(node, pod)
     if why is not None:
-        return NoFit(node.name, why)
-    ev = policy.evaluate(node.state, pod_shape(pod), host_of(node, pod))
+        return why
+    ev = policy.evaluate(node.state, pod_shape(pod), host_of(node, pod, prices))
     if ev is None:
         return NoFit(node.name, no_fit_reason(node, pod))
     return realise(node, pod, ev)
@@ -140,8 +191,10 @@ def choose(
 ) -> Placement | None:
     """The best node for ``pod`` among ``nodes`` (no index; fine for a few hundred)."""
     best: list[Placement] = []
-    for node in sorted(nodes, key=lambda n: n.name):
-        p = evaluate_node(policy, node, pod)
+    listed = sorted(nodes, key=lambda n: n.name)
+    prices = policy.prices(model_free(listed)) if policy.priced else {}
+    for node in listed:
+        p = evaluate_node(policy, node, pod, prices)
         if isinstance(p, NoFit):
             continue
         if not best or p.score < best[0].score:
@@ -181,6 +234,7 @@ class ClusterIndex:
         self._shape_id: dict[DemandShape, int] = {}
         self._memo: dict[tuple[int, int], StateEval | None] = {}
         self._before: dict[str, float] = {}  # fgd potential of each node as it is
+        self._model_free: dict[str, float] = {}  # free GPU-milli per device model
         for n in nodes:
             self._add(n)
 
@@ -197,17 +251,22 @@ class ClusterIndex:
             raise ValueError(f"duplicate node {node.name!r}")
         sid = self._state_id(node.state)
         self.nodes[node.name] = node
+        self._count_free(node, 1.0)
         self._node_sid[node.name] = sid
         bisect.insort(self._groups.setdefault(sid, []), node.name)
 
     def _remove(self, name: str) -> None:
         self._before.pop(name, None)
         sid = self._node_sid.pop(name)
-        del self.nodes[name]
+        self._count_free(self.nodes.pop(name), -1.0)
         g = self._groups[sid]
         g.pop(bisect.bisect_left(g, name))
         if not g:
             del self._groups[sid]
+
+    def _count_free(self, node: NodeSlots, sign: float) -> None:
+        free = model_free([node])[node.model]
+        self._model_free[node.model] = self._model_free.get(node.model, 0.0) + sign * free
 
     def update(self, node: NodeSlots) -> None:
         """Replace (or add) one node's view."""
@@ -226,7 +285,7 @@ class ClusterIndex:
     def choose(self, pod: PodDemand) -> Placement | None:
         shape = pod_shape(pod)
         shape_id = self._shape_id.setdefault(shape, len(self._shape_id))
-        if self.policy.host_aware:
+        if self.policy.per_node:
             return self._choose_per_node(pod, shape)
         best_score: tuple[float, ...] | None = None
         best: list[tuple[str, StateEval]] = []
@@ -251,8 +310,9 @@ class ClusterIndex:
         return realise(self.nodes[name], pod, ev)
 
     def _choose_per_node(self, pod: PodDemand, shape: DemandShape) -> Placement | None:
-        # Scores depend on each node's host resources: GPU states only prune (plans).
+        # Scores depend on each node (host resources, model): GPU states only prune.
         rand = self.tie_break is TieBreak.RANDOM
+        prices = self.policy.prices(self._model_free)
         best_score: tuple[float, ...] | None = None
         best: list[tuple[str, StateEval]] = []
         for sid, names in self._groups.items():
@@ -261,32 +321,47 @@ class ClusterIndex:
             if not plans:
                 continue
             for n in names:
-                node = self.nodes[n]
-                if host_fits(node, pod) is not None:
+                ev = self._node_eval(n, state, plans, pod, prices)
+                if ev is None:
                     continue
-                host = host_of(node, pod)
-                before = self._before.get(n)
-                if before is None:
-                    before = self.policy.potential(state, node.cpu_free, node.host_memory_free)
-                    self._before[n] = before
-                ev: StateEval | None = None
-                for plan in plans:
-                    sc = self.policy.score(state, plan, host, before)
-                    if ev is None or sc < ev.score:
-                        ev = StateEval(sc, plan.after, plan.steps)
-                assert ev is not None
                 if best_score is None or ev.score < best_score:
                     best_score = ev.score
                     best = [(n, ev)]
-                elif ev.score == best_score and (rand or n < best[0][0]):
-                    if rand:
-                        best.append((n, ev))
-                    else:
-                        best = [(n, ev)]
+                elif ev.score == best_score and rand:
+                    best.append((n, ev))
+                elif ev.score == best_score and n < best[0][0]:
+                    best = [(n, ev)]
         if not best:
             return None
         name, ev = self.rng.choice(best) if rand else best[0]
         return realise(self.nodes[name], pod, ev)
+
+    def _node_eval(
+        self,
+        name: str,
+        state: StateKey,
+        plans: Sequence[Plan],
+        pod: PodDemand,
+        prices: Mapping[str, float],
+    ) -> StateEval | None:
+        node = self.nodes[name]
+        if host_nofit(node, pod) is not None:
+            return None
+        host = host_of(node, pod, prices)
+        before: float | None = None
+        if self.policy.host_aware:
+            before = self._before.get(name)
+            if before is None:
+                before = self.policy.potential(
+                    state, node.cpu_free, node.host_memory_free, node.model
+                )
+                self._before[name] = before
+        ev: StateEval | None = None
+        for plan in plans:
+            sc = self.policy.score(state, plan, host, before)
+            if ev is None or sc < ev.score:
+                ev = StateEval(sc, plan.after, plan.steps)
+        return ev
 
     def _fitting(self, names: Sequence[str], pod: PodDemand, all_of_them: bool) -> list[str]:
         out: list[str] = []

@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gpu_share.sharing.placement.model import MILLI, DevKey, StateKey
+from gpu_share.sharing.placement.models import ANY_MODEL, ModelPressure, ModelReq
 
 
 def amount(d: DevKey) -> float:
@@ -38,13 +39,15 @@ def is_whole_free(d: DevKey) -> bool:
 class Shape:
     """One typical container request: ``cores >= a device's cores`` means
     ``cores // coresTotal`` whole devices. ``cpu``/``host_memory``: what the pod also
-    needs from the host (0 = nothing / not tracked)."""
+    needs from the host (0 = nothing / not tracked). ``models``: the device models it
+    accepts."""
 
     memory_units: int
     cores: int
     weight: float
     cpu: int = 0
     host_memory: int = 0
+    models: ModelReq = ANY_MODEL
 
 
 def whole_count(memory_units: int, cores: int, cores_total: int) -> int:
@@ -59,8 +62,20 @@ def fits_shared(d: DevKey, memory_units: int, cores: int) -> bool:
     return mf >= memory_units and cf >= cores and cores < ct
 
 
+_Key = tuple[int, int, int, int, ModelReq]
+
+
+def _key_order(item: tuple[_Key, float]) -> tuple[int, int, int, int, str]:
+    m, c, cpu, hm, models = item[0]
+    return (m, c, cpu, hm, str(models))
+
+
 class Workload:
     """The target mix: shapes with popularity weights (normalised to sum 1).
+
+    With model requirements, a device is kept useful for the shapes that can run on its
+    model only: ``for_model(k)`` is the mix of the shapes that accept model k (weights
+    renormalised), and ``pressure`` prices the capacity of models that bound shapes need.
 
     ``F(node) = total_free - sum_g U_g(gpu state) * P_g(cpu free, memory free)``: U_g is
     the free capacity GPU shape g can use (0 when g does not fit the devices), P_g the
@@ -69,15 +84,22 @@ class Workload:
     """
 
     def __init__(self, shapes: Iterable[Shape]) -> None:
-        merged: dict[tuple[int, int, int, int], float] = {}
+        merged: dict[_Key, float] = {}
         for s in shapes:
             if s.weight > 0 and (s.memory_units > 0 or s.cores > 0):
-                k = (s.memory_units, s.cores, s.cpu, s.host_memory)
+                k = (s.memory_units, s.cores, s.cpu, s.host_memory, s.models)
                 merged[k] = merged.get(k, 0.0) + s.weight
         total = sum(merged.values())
         self.shapes: tuple[Shape, ...] = tuple(
-            Shape(m, c, w / total, cpu, hm) for (m, c, cpu, hm), w in sorted(merged.items())
+            Shape(m, c, w / total, cpu, hm, models)
+            for (m, c, cpu, hm, models), w in sorted(merged.items(), key=_key_order)
         )
+        self.constrained = any(not s.models.any for s in self.shapes)
+        self.pressure = ModelPressure(self._model_demand())
+        self._per_model: dict[str, Workload] = {}
+        # A per-model view reads usable capacities from its parent (one memo for all).
+        self._parent: Workload | None = None
+        self._proj: tuple[int, ...] = ()
         gpu: dict[tuple[int, int], list[Shape]] = {}
         for s in self.shapes:
             gpu.setdefault((s.memory_units, s.cores), []).append(s)
@@ -103,8 +125,32 @@ class Workload:
     def __len__(self) -> int:
         return len(self.shapes)
 
+    def for_model(self, model: str) -> Workload:
+        """The shapes that can run on ``model`` (this workload when none is restricted)."""
+        if not self.constrained:
+            return self
+        got = self._per_model.get(model)
+        if got is None:
+            got = Workload(s for s in self.shapes if s.models.allows(model))
+            got.memo_limit = self.memo_limit
+            got._parent = self
+            got._proj = tuple(self.gpu_shapes.index(g) for g in got.gpu_shapes)
+            self._per_model[model] = got
+        return got
+
+    def _model_demand(self) -> dict[ModelReq, float]:
+        """Share of the GPU demand (in cores, i.e. device fractions) per requirement."""
+        by_req: dict[ModelReq, float] = {}
+        for s in self.shapes:
+            by_req[s.models] = by_req.get(s.models, 0.0) + s.weight * s.cores
+        total = sum(by_req.values())
+        return {r: v / total for r, v in by_req.items()} if total > 0 else {}
+
     def usable(self, state: StateKey) -> tuple[float, tuple[float, ...]]:
         """(total free, free capacity each GPU shape can use) of a GPU state."""
+        if self._parent is not None:
+            total, usable = self._parent.usable(state)
+            return total, tuple(usable[i] for i in self._proj)
         v = self._usable.get(state)
         if v is None:
             total = sum(amount(d) for d in state)

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from gpu_share.sharing.placement.models import ANY_MODEL, ModelReq
+
 # One device as the GPU-state key sees it: (memory_free, cores_free, memory_total,
 # cores_total). A node's GPU state is the sorted tuple of its healthy devices' keys;
 # placement scores depend on nothing else, so nodes in the same state share them.
@@ -45,13 +47,19 @@ class DeviceSlot:
 
 @dataclass(frozen=True)
 class NodeSlots:
-    """A node as placement sees it. ``cpu_free``/``host_memory_free`` None = unchecked."""
+    """A node as placement sees it. ``cpu_free``/``host_memory_free`` None = unchecked.
+    ``model``: its device model in label form (``models.label_form``); ``*_total`` and
+    ``held`` (GPU requests of the pods placed there) only matter to the dotprod and
+    clustering baselines."""
 
     name: str
     devices: tuple[DeviceSlot, ...]
     cpu_free: int | None = None
     host_memory_free: int | None = None
     model: str = ""
+    cpu_total: int | None = None
+    host_memory_total: int | None = None
+    held: frozenset[tuple[tuple[int, int], ...]] = frozenset()
 
     @property
     def state(self) -> StateKey:
@@ -80,7 +88,7 @@ class PodDemand:
     containers: tuple[Demand, ...]
     cpu: int = 0
     host_memory: int = 0
-    model: str = ""  # required device model ("" = any)
+    models: ModelReq = ANY_MODEL  # device models it accepts
 
     @property
     def gpu_free(self) -> bool:
@@ -102,9 +110,18 @@ class Placement:
     score: tuple[float, ...]  # lower is better; policy-specific
 
 
+class NoFitCause(StrEnum):
+    DEVICES = "Devices"  # no device set of the node fits the request
+    MODEL = "Model"  # the node's device model is not one the pod accepts
+    CPU = "Cpu"
+    MEMORY = "Memory"
+    NO_INVENTORY = "NoInventory"
+
+
 @dataclass(frozen=True)
 class NoFit:
     """Why a node cannot take a pod (a filter failure reason)."""
 
     node: str
     reason: str
+    cause: NoFitCause = NoFitCause.DEVICES

@@ -11,6 +11,12 @@ one (memoised) evaluation; node and device ties are broken outside (``cluster.py
   node already in use, then an idle node; least free capacity left within a tier.
 * ``spread``: most free capacity left.
 * ``random``: no preference (every fitting node ties; with deterministic ties: first fit).
+* ``dotprod``: the smallest dot product of the node's free resources and the pod's
+  request, each dimension (GPU, CPU, memory) as a fraction of the node's capacity (the
+  FGD paper's DotProd baseline, after Tetris).
+* ``clustering``: pods with the same GPU request together: a node already holding one,
+  else an idle node, else any; least free capacity left within a tier (the FGD paper's
+  Clustering baseline).
 
 Device choice inside a node uses the same score (a shared container goes on the device
 whose use scores best; whole-device requests take the smallest wholly free devices).
@@ -18,7 +24,7 @@ whose use scores best; whole-device requests take the smallest wholly free devic
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -29,7 +35,7 @@ from gpu_share.sharing.placement.fragmentation import (
     is_whole_free,
     whole_count,
 )
-from gpu_share.sharing.placement.model import DevKey, StateKey
+from gpu_share.sharing.placement.model import MILLI, DevKey, StateKey
 
 Score = tuple[float, ...]
 # (memory_units, cores) per container
@@ -43,6 +49,14 @@ class ClusterPolicyName(StrEnum):
     PACKING = "packing"
     SPREAD = "spread"
     RANDOM = "random"
+    DOTPROD = "dotprod"
+    CLUSTERING = "clustering"
+
+
+# Policies whose score depends on the node, not only on its GPU state.
+PER_NODE = frozenset(
+    {ClusterPolicyName.FGD, ClusterPolicyName.DOTPROD, ClusterPolicyName.CLUSTERING}
+)
 
 
 @dataclass(frozen=True)
@@ -98,12 +112,19 @@ ScoreFn = Callable[[StateKey, StateKey, Step], Score]
 
 @dataclass(frozen=True)
 class Host:
-    """Host resources around one placement (the replay checks them; None = unknown)."""
+    """The node around one placement: host resources (None = unknown) and what per-node
+    policies look at (device model and its price, capacities, requests held there)."""
 
     cpu_free: int | None
     memory_free: int | None
     cpu: int = 0
     memory: int = 0
+    model: str = ""
+    price: float = 0.0  # ModelPressure price of the node's model (fgd)
+    cpu_total: int | None = None
+    memory_total: int | None = None
+    held: frozenset[DemandShape] = frozenset()  # GPU requests of the pods on the node
+    shape: DemandShape = ()  # the pod's GPU request
 
     def after(self) -> tuple[int | None, int | None]:
         return (
@@ -131,14 +152,19 @@ class ClusterPolicy:
             raise ValueError("the fgd policy needs a target workload")
         self.workload = workload
         self.host_aware = self.name is ClusterPolicyName.FGD
+        self.per_node = self.name in PER_NODE
         # Weight of the host-stranding term next to the FGD gradient (0 = plain FGD).
         self.stranded_weight = 1.0
+        # Weight of the model-pressure price (0 = model-aware fragmentation only).
+        self.pressure_weight = 1.0
         self._score: ScoreFn = {
             ClusterPolicyName.FGD: self._fgd_gpu,
             ClusterPolicyName.BEST_FIT: _best_fit,
             ClusterPolicyName.PACKING: _packing,
             ClusterPolicyName.SPREAD: _spread,
             ClusterPolicyName.RANDOM: _random,
+            ClusterPolicyName.DOTPROD: _best_fit,  # devices inside the node: best fit
+            ClusterPolicyName.CLUSTERING: _best_fit,
         }[self.name]
         self._plans: dict[tuple[StateKey, DemandShape], tuple[Plan, ...]] = {}
         self._memo: dict[tuple[StateKey, DemandShape], StateEval | None] = {}
@@ -183,13 +209,31 @@ class ClusterPolicy:
                 out.append(Plan(cur, tuple(steps)))
         return tuple(out)
 
-    def potential(self, state: StateKey, cpu_free: int | None, memory_free: int | None) -> float:
-        """fgd's node value: fragmentation plus weighted host stranding."""
-        w = self.workload
-        assert w is not None
+    def potential(
+        self, state: StateKey, cpu_free: int | None, memory_free: int | None, model: str = ""
+    ) -> float:
+        """fgd's node value: fragmentation against the workload that can run on the node's
+        device model, plus weighted host stranding."""
+        assert self.workload is not None
+        w = self.workload.for_model(model)
         return w.fragmentation(state, cpu_free, memory_free) + self.stranded_weight * (
             w.stranded(state, cpu_free, memory_free)
         )
+
+    @property
+    def priced(self) -> bool:
+        """Whether scores carry model-pressure prices (fgd on a workload with shapes
+        bound to models); callers skip computing free capacity per model otherwise."""
+        w = self.workload
+        return self.host_aware and w is not None and bool(w.pressure) and self.pressure_weight > 0
+
+    def prices(self, free: Mapping[str, float]) -> dict[str, float]:
+        """Model-pressure price per model (empty unless ``priced``); ``free``: GPU-milli
+        free per model."""
+        if not self.priced:
+            return {}
+        assert self.workload is not None
+        return self.workload.pressure.prices(free)
 
     def score(
         self, state: StateKey, plan: Plan, host: Host | None = None, before: float | None = None
@@ -197,12 +241,11 @@ class ClusterPolicy:
         """Score of ``plan`` on ``state``; ``before`` = ``potential`` of the node as it is
         (callers that score many plans of one node pass it in)."""
         if self.host_aware and self.workload is not None:
-            h = host or Host(None, None)
-            if before is None:
-                before = self.potential(state, h.cpu_free, h.memory_free)
-            cpu_after, mem_after = h.after()
-            delta = self.potential(plan.after, cpu_after, mem_after) - before
-            return (round(delta, _ROUND), round(self.workload.usable(plan.after)[0], _ROUND))
+            return self._fgd_score(state, plan, host or Host(None, None), before)
+        if self.name is ClusterPolicyName.DOTPROD:
+            return _dotprod(state, plan, host or Host(None, None))
+        if self.name is ClusterPolicyName.CLUSTERING and plan.steps:
+            return _clustering(state, plan, host or Host(None, None))
         if not plan.steps:
             # Nothing of ours requested: prefer nodes with the least free GPU capacity so
             # GPU-free pods stay off nodes GPU pods still need.
@@ -216,20 +259,32 @@ class ClusterPolicy:
             cur = nxt
         return total
 
+    def _fgd_score(self, state: StateKey, plan: Plan, h: Host, before: float | None) -> Score:
+        assert self.workload is not None
+        if before is None:
+            before = self.potential(state, h.cpu_free, h.memory_free, h.model)
+        cpu_after, mem_after = h.after()
+        delta = self.potential(plan.after, cpu_after, mem_after, h.model) - before
+        free_after = self.workload.usable(plan.after)[0]
+        if h.price:
+            taken = self.workload.usable(state)[0] - free_after
+            delta += self.pressure_weight * h.price * taken
+        return (round(delta, _ROUND), round(free_after, _ROUND))
+
     def evaluate(
         self, state: StateKey, demand: DemandShape, host: Host | None = None
     ) -> StateEval | None:
         """Best plan for ``demand`` on ``state`` (ties: first plan = smallest device key),
-        or None when it does not fit. Memoised unless the score depends on the host."""
+        or None when it does not fit. Memoised unless the score depends on the node."""
         key = (state, demand)
-        if not self.host_aware and key in self._memo:
+        if not self.per_node and key in self._memo:
             return self._memo[key]
         best: StateEval | None = None
         for plan in self.plans(state, demand):
             sc = self.score(state, plan, host)
             if best is None or sc < best.score:
                 best = StateEval(sc, plan.after, plan.steps)
-        if not self.host_aware:
+        if not self.per_node:
             if len(self._memo) >= self.memo_limit:
                 self._memo.clear()
             self._memo[key] = best
@@ -260,6 +315,30 @@ def _packing(before: StateKey, after: StateKey, step: Step) -> Score:
     else:
         tier = 2.0  # an idle node
     return (tier, round(free_total(after), _ROUND))
+
+
+def _fraction(part: float, whole: float | None) -> float:
+    return part / whole if whole else 0.0
+
+
+def _dotprod(state: StateKey, plan: Plan, h: Host) -> Score:
+    """Free resources . request, each dimension a fraction of the node's capacity."""
+    cap = MILLI * len(state)
+    asked = free_total(state) - free_total(plan.after)
+    gpu = _fraction(free_total(state), cap) * _fraction(asked, cap)
+    cpu = _fraction(h.cpu_free or 0, h.cpu_total) * _fraction(h.cpu, h.cpu_total)
+    mem = _fraction(h.memory_free or 0, h.memory_total) * _fraction(h.memory, h.memory_total)
+    return (round(gpu + cpu + mem, _ROUND), round(free_total(plan.after), _ROUND))
+
+
+def _clustering(state: StateKey, plan: Plan, h: Host) -> Score:
+    if h.shape in h.held:
+        tier = 0.0  # pods with the same GPU request are here
+    elif all(is_whole_free(d) for d in state):
+        tier = 1.0  # an idle node: start a new cluster
+    else:
+        tier = 2.0
+    return (tier, round(free_total(plan.after), _ROUND))
 
 
 def make_policy(name: ClusterPolicyName | str, workload: Workload | None = None) -> ClusterPolicy:

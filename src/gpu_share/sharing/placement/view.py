@@ -18,6 +18,7 @@ from gpu_share.sharing.annotations import (
 )
 from gpu_share.sharing.decision import DecisionError, decision_key, decode_unverified
 from gpu_share.sharing.placement.model import DeviceSlot, NodeSlots
+from gpu_share.sharing.placement.models import label_form
 
 Usage = dict[str, tuple[int, int]]  # device uuid -> (memory units, cores)
 
@@ -57,7 +58,11 @@ def pod_usage(
     return out
 
 
-def node_slots(inventory: InventoryAnnotation, usages: Iterable[Usage]) -> NodeSlots:
+def node_slots(
+    inventory: InventoryAnnotation, usages: Iterable[Usage], model: str | None = None
+) -> NodeSlots:
+    """``model``: the node's GPU model as requirements name it (its product label, see
+    ``sharing.model_req.node_model``); default: the inventory's model in label form."""
     held: Usage = {}
     for u in usages:
         for dev, (m, c) in u.items():
@@ -82,5 +87,9 @@ def node_slots(inventory: InventoryAnnotation, usages: Iterable[Usage]) -> NodeS
     return NodeSlots(
         inventory.node,
         tuple(sorted(devices, key=lambda x: x.index)),
-        model=inventory.devices[0].model if inventory.devices else "",
+        model=(
+            model
+            if model is not None
+            else label_form(inventory.devices[0].model if inventory.devices else "")
+        ),
     )
