@@ -94,7 +94,13 @@ def no_fit_reason(node: NodeSlots, pod: PodDemand) -> str:
     )
 
 
-def host_of(node: NodeSlots, pod: PodDemand, prices: Mapping[str, float] | None = None) -> Host:
+def host_of(
+    node: NodeSlots,
+    pod: PodDemand,
+    prices: Mapping[str, float] | None = None,
+    shape: DemandShape | None = None,
+) -> Host:
+    """``shape``: ``pod_shape(pod)`` when the caller has it (one pod, many nodes)."""
     return Host(
         node.cpu_free,
         node.host_memory_free,
@@ -105,7 +111,7 @@ def host_of(node: NodeSlots, pod: PodDemand, prices: Mapping[str, float] | None 
         cpu_total=node.cpu_total,
         memory_total=node.host_memory_total,
         held=node.held,
-        shape=pod_shape(pod),
+        shape=pod_shape(pod) if shape is None else shape,
     )
 
 
@@ -321,7 +327,7 @@ class ClusterIndex:
             if not plans:
                 continue
             for n in names:
-                ev = self._node_eval(n, state, plans, pod, prices)
+                ev = self._node_eval(n, state, plans, pod, (prices, shape))
                 if ev is None:
                     continue
                 if best_score is None or ev.score < best_score:
@@ -342,12 +348,12 @@ class ClusterIndex:
         state: StateKey,
         plans: Sequence[Plan],
         pod: PodDemand,
-        prices: Mapping[str, float],
+        ctx: tuple[Mapping[str, float], DemandShape],
     ) -> StateEval | None:
         node = self.nodes[name]
         if host_nofit(node, pod) is not None:
             return None
-        host = host_of(node, pod, prices)
+        host = host_of(node, pod, *ctx)
         before: float | None = None
         if self.policy.host_aware:
             before = self._before.get(name)

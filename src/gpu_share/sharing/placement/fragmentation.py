@@ -148,13 +148,15 @@ class Workload:
 
     def usable(self, state: StateKey) -> tuple[float, tuple[float, ...]]:
         """(total free, free capacity each GPU shape can use) of a GPU state."""
-        if self._parent is not None:
-            total, usable = self._parent.usable(state)
-            return total, tuple(usable[i] for i in self._proj)
         v = self._usable.get(state)
         if v is None:
-            total = sum(amount(d) for d in state)
-            v = (total, tuple(total - self._gpu_fragment(state, m, c) for m, c in self.gpu_shapes))
+            if self._parent is not None:
+                total, usable = self._parent.usable(state)
+                v = (total, tuple(usable[i] for i in self._proj))
+            else:
+                total = sum(amount(d) for d in state)
+                frags = (self._gpu_fragment(state, m, c) for m, c in self.gpu_shapes)
+                v = (total, tuple(total - f for f in frags))
             if len(self._usable) >= self.memo_limit:
                 self._usable.clear()  # bounded memory; values are cheap to recompute
             self._usable[state] = v
@@ -229,7 +231,7 @@ class Workload:
         look-ahead misses (a GPU-free pod taking the CPU of a GPU-rich node)."""
         if not state or (cpu_free is None and memory_free is None):
             return 0.0
-        total = self.usable(state)[0]
+        total = (self._parent or self).usable(state)[0]
         cpu_per, mem_per = self.host_ratio(state[0])
         out = 0.0
         if cpu_free is not None and cpu_per > 0:
