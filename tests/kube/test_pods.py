@@ -15,7 +15,6 @@ from gpu_share.errors import KubeAccessError
 from gpu_share.kube.pods import (
     KubePodSource,
     NodePodCache,
-    _Gone,
     pod_view_from_dict,
     pod_view_from_v1,
 )
@@ -235,23 +234,23 @@ def test_list_node_pods_uses_field_selector_and_follows_pages() -> None:
 
 
 def test_cache_applies_watch_events() -> None:
+    # (resourceVersions, bookmarks and ERROR events: tests/kube/test_listwatch.py)
     src, _ = source(lambda call: (404, status_obj(404)))
     cache = NodePodCache(src, "node-a")
-    rv = cache._apply({"type": "ADDED", "object": pod_obj("a", rv="11")}, "10")
-    assert rv == "11"
-    rv = cache._apply({"type": "MODIFIED", "object": pod_obj("a", rv="12", phase="Running")}, rv)
+    cache._apply("ADDED", pod_obj("a", rv="11"))
+    cache._apply("MODIFIED", pod_obj("a", rv="12", phase="Running"))
     assert cache._pods[("ns", "a")].phase == "Running"
     # A DELETED of an older incarnation (other uid) leaves the newer one in place.
-    cache._apply({"type": "DELETED", "object": pod_obj("a", uid="old", rv="13")}, rv)
+    cache._apply("DELETED", pod_obj("a", uid="old", rv="13"))
     assert ("ns", "a") in cache._pods
-    rv = cache._apply({"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "20"}}}, rv)
-    assert rv == "20"
-    cache._apply({"type": "DELETED", "object": pod_obj("a", rv="21")}, rv)
+    cache._apply("DELETED", pod_obj("a", rv="21"))
     assert cache._pods == {}
-    with pytest.raises(_Gone):
-        cache._apply({"type": "ERROR", "object": status_obj(410, "Expired", "too old")}, rv)
-    with pytest.raises(KubeAccessError):
-        cache._apply({"type": "ERROR", "object": status_obj(500, "Internal", "x")}, rv)
+    # Bounded: pods of other nodes and annotations not gpu-share's stay out.
+    cache._apply("ADDED", pod_obj("elsewhere", node="node-b"))
+    cache._apply("ADDED", pod_obj("b", annotations={"gpu-share.vendor.com/decision": "d",
+                                                    "tenant/blob": "x" * 1000}))
+    assert list(cache._pods) == [("ns", "b")]
+    assert dict(cache._pods[("ns", "b")].annotations) == {"gpu-share.vendor.com/decision": "d"}
 
 
 def wait_for(cond: Any, timeout: float = 10.0) -> bool:
@@ -345,8 +344,10 @@ def test_cache_retries_after_errors_with_backoff_and_serves_gets_meanwhile() -> 
 def test_cache_refetches_terminating_pod() -> None:
     src, http = source(lambda call: (200, pod_obj("s", uid="new")))
     cache = NodePodCache(src, "node-a")
-    cache._healthy.set()
-    cache._apply({"type": "MODIFIED", "object": pod_obj("s", uid="old", deleting=True)}, "1")
+    cache._replace([])  # synced, empty
+    cache._watch.synced.set()
+    cache._apply("MODIFIED", pod_obj("s", uid="old", deleting=True))
+    assert cache.get("ns", "s") is None and http.calls == []  # never the network
     got = cache.get_pod("ns", "s")
     assert got is not None and got.uid == "new" and len(http.calls) == 1
     assert cache._pods[("ns", "s")].uid == "new"
@@ -367,3 +368,20 @@ def test_cache_start_twice_is_an_error() -> None:
             cache.start()
     finally:
         cache.stop()
+
+
+def test_get_never_calls_the_api_and_fetch_is_the_fresh_read() -> None:
+    answers = {"p": (200, pod_obj("p")), "q": (200, pod_obj("q", node="node-b"))}
+    missing = (404, status_obj(404))
+    src, http = source(lambda call: answers.get(call.path.rsplit("/", 1)[1], missing))
+    cache = NodePodCache(src, "node-a")
+    cache._apply("ADDED", pod_obj("p"))
+    assert cache.get("ns", "p") is None  # not synced: memory is not trusted yet
+    cache._watch.synced.set()
+    assert cache.get("ns", "p") is not None and cache.get("ns", "x") is None
+    assert http.calls == []
+    # A fresh read: kept when the pod is on this node, dropped on 404 or another node.
+    assert cache.fetch("ns", "q") is not None and ("ns", "q") not in cache._pods
+    answers.pop("p")
+    assert cache.fetch("ns", "p") is None and cache.get("ns", "p") is None
+    assert len(http.calls) == 2

@@ -1,6 +1,10 @@
 """The pod and cluster-view watches run supervised (issue 11, item 4): a line the parser
 chokes on (a deeply nested array: RecursionError) or any other failure is counted per
-loop, the watch relists after a pause and goes on; the loops beat their heartbeats."""
+loop, the watch relists after a pause and goes on; the loops beat their heartbeats.
+
+Both run on ``kube.listwatch.ListWatch`` (issue 16), which pauses itself and reports a
+failure to its owner's ``on_error`` (the supervisor's hook signature); the supervisor
+keeps the heartbeats."""
 
 from __future__ import annotations
 
@@ -55,8 +59,11 @@ def test_pod_watch_survives_a_nested_array_and_counts_it() -> None:
     )
     api, _ = fake_api(handler)
     errors: list[str] = []
-    sup = LoopSupervisor(on_error=errors.append, backoff=FAST)
-    cache = NodePodCache(KubePodSource.from_config(api, ResourcesConfig()), "node-a", loops=sup)
+    sup = LoopSupervisor(backoff=FAST)
+    cache = NodePodCache(
+        KubePodSource.from_config(api, ResourcesConfig()), "node-a", loops=sup,
+        on_error=errors.append, backoff_s=(0.01, 0.05),
+    )
     cache.start()
     try:
         assert wait_for(lambda: counts["lists"] >= 2 and cache.synced)
@@ -72,7 +79,7 @@ def test_cluster_view_watches_survive_a_nested_array_and_count_it() -> None:
     handler, counts = _poisoned_then_fine(lambda n: [])
     api, _ = fake_api(handler)
     errors: list[str] = []
-    sup = LoopSupervisor(on_error=errors.append, backoff=FAST)
+    sup = LoopSupervisor(backoff=FAST)
     view = KubeClusterView(
         api,
         domain="vendor.com",
@@ -80,6 +87,7 @@ def test_cluster_view_watches_survive_a_nested_array_and_count_it() -> None:
         core_resource="vendor.com/vcuda-core",
         default_workload=Workload([Shape(4, 25, 1.0)]),
         decision_key=b"k" * 32,
+        on_error=errors.append,
     )
     view.start(sup)
     try:

@@ -16,7 +16,7 @@ from gpu_share.errors import (
     LedgerError,
 )
 from gpu_share.plugin.proto import deviceplugin_v1beta1_pb2 as dp
-from gpu_share.plugin.server import REASON_METADATA_KEY, PluginServer
+from gpu_share.plugin.server import REASON_METADATA_KEY, PluginServer, status_for
 from gpu_share.sharing.model import AdvertisedDevice, AllocateSpec, DeviceNodeSpec, Mount
 from tests.support.fake_handler import FakeHandler
 from tests.support.kubelet_stub import PluginClient, fast_plugin_settings
@@ -216,3 +216,19 @@ def test_server_keeps_serving_after_an_error(client: PluginClient, handler: Fake
         client.allocate(["a"])
     handler.error = None
     assert dict(client.allocate(["a"]).envs) == {"FAKE_DEVICES": "a"}
+
+
+@pytest.mark.parametrize(
+    ("exc", "code"),
+    [
+        (AllocationError("x", reason="NoFit"), grpc.StatusCode.RESOURCE_EXHAUSTED),
+        (AllocationError("x", reason="SplitAcrossDevices"), grpc.StatusCode.INVALID_ARGUMENT),
+        (AllocationError("x", reason="MemoryRequired"), grpc.StatusCode.INVALID_ARGUMENT),
+        (IdentityError("x"), grpc.StatusCode.UNAVAILABLE),
+        (KubeAccessError("x"), grpc.StatusCode.UNAVAILABLE),
+        (ConfigError("x"), grpc.StatusCode.FAILED_PRECONDITION),
+        (ValueError("x"), grpc.StatusCode.INTERNAL),
+    ],
+)
+def test_status_codes_follow_the_reason_table(exc: Exception, code: grpc.StatusCode) -> None:
+    assert status_for(exc) is code

@@ -17,6 +17,7 @@ from gpu_share.sharing.model import (
     PodView,
     ResourceKind,
 )
+from gpu_share.sharing.notes import NoteKind
 from tests.sharing.helpers import NAMES, UNIT_MIB, ctr, devices, pod
 
 KEY = b"sekret-key"
@@ -81,7 +82,7 @@ def test_forged_decision_is_ignored_with_a_note() -> None:
     p = _decided(pod("p", ctr("c", mem=2, cores=20)), "GPU-2", key=b"tenant-guess")
     got = e.preferred(ResourceKind.MEMORY, _all(ResourceKind.MEMORY), [], 2, _ctx(p))
     assert got.entry.source is EntrySource.NODE_AGENT
-    assert any("BadSignature" in n for n in got.notes)
+    assert any(n.kind is NoteKind.EXTENDER_IGNORED and "BadSignature" in n.text for n in got.notes)
 
 
 def test_decision_for_another_request_or_pod_or_too_old_is_ignored() -> None:
@@ -93,7 +94,7 @@ def test_decision_for_another_request_or_pod_or_too_old_is_ignored() -> None:
     ]:
         got = _engine().preferred(ResourceKind.MEMORY, _all(ResourceKind.MEMORY), [], 2, _ctx(p))
         assert got.entry.source is EntrySource.NODE_AGENT
-        assert any(reason in n for n in got.notes), got.notes
+        assert any(n.kind is NoteKind.EXTENDER_IGNORED and reason in n.text for n in got.notes)
 
 
 def test_decision_that_no_longer_fits_falls_back_to_the_node_policy() -> None:
@@ -106,7 +107,7 @@ def test_decision_that_no_longer_fits_falls_back_to_the_node_policy() -> None:
     free = [i for i in _all(ResourceKind.MEMORY) if i not in r.ids]
     got = e.preferred(ResourceKind.MEMORY, free, [], 4, _ctx(p))
     assert {i.split("::")[0] for i in got.ids} != {dev}
-    assert any("not followed" in n for n in got.notes)
+    assert any(n.kind is NoteKind.EXTENDER_IGNORED and "not followed" in n.text for n in got.notes)
 
 
 def test_without_a_key_decisions_are_not_read() -> None:

@@ -17,6 +17,7 @@ from gpu_share.sharing.model import (
     PodResourcesView,
     ResourceKind,
 )
+from gpu_share.sharing.notes import NoteKind
 from gpu_share.sharing.response import build_allocate_spec
 
 from .helpers import NAMES, ctr, devices, engine, pod
@@ -224,7 +225,7 @@ def test_ambiguity_prefers_open_entry_then_oldest() -> None:
     new = pod("new", ctr("c", mem=2), created=2.0)
     pref = e.preferred(MEM, all_ids(MEM), [], 2, ctx_for(e, new, old))
     assert pref.entry.ref.pod_name == "old" and pref.ambiguity == 1
-    assert any("ambiguous" in n for n in pref.notes)
+    assert any(n.kind is NoteKind.AMBIGUOUS for n in pref.notes)
 
 
 # ---------------------------------------------------------------- degraded

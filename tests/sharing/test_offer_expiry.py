@@ -6,6 +6,7 @@ from __future__ import annotations
 from gpu_share.sharing.engine import DEFAULT_OFFER_TTL_S, AllocationEngine, CallContext
 from gpu_share.sharing.ledger import EntryState
 from gpu_share.sharing.model import PodResourcesView, ResourceKind
+from gpu_share.sharing.notes import NoteKind
 
 from .helpers import engine
 
@@ -49,12 +50,12 @@ def test_the_next_call_releases_expired_offers() -> None:
     e = engine()
     _three_blind_offers(e)
     p = e.preferred(MEM, _ids(MEM), [], 2, _blind(2.0 + TTL))
-    assert sum("released expired offer" in n for n in p.notes) == 3
+    assert sum(n.kind is NoteKind.OFFER_EXPIRED for n in p.notes) == 3
     assert _used(e, MEM) == 2
     e2 = engine()
     _three_blind_offers(e2)
     a = e2.allocate(MEM, ["GPU-2::mem::7"], _blind(2.0 + TTL))
-    assert sum("released expired offer" in n for n in a.notes) == 3
+    assert sum(n.kind is NoteKind.OFFER_EXPIRED for n in a.notes) == 3
     assert _used(e2, MEM) == 1
 
 

@@ -37,7 +37,9 @@ def test_parse(text: Any, want: Fraction) -> None:
     assert parse_quantity(text) == want
 
 
-@pytest.mark.parametrize("bad", ["", "abc", "1.2.3", "5 Gi", "1Xi", True, "Mi"])
+@pytest.mark.parametrize(
+    "bad", ["", "abc", "1.2.3", "5 Gi", "1Xi", True, "Mi", "\u0663", "\uff13Gi", "1\u00b2"]
+)
 def test_parse_rejects(bad: Any) -> None:
     with pytest.raises(QuantityError):
         parse_quantity(bad)

@@ -27,6 +27,8 @@ from gpu_share.errors import (
     GpuShareError,
     KubeAccessError,
     LedgerError,
+    event_reason_of,
+    metric_label_of,
 )
 from gpu_share.observability.loops import LoopSupervisor
 from gpu_share.sharing.annotations import (
@@ -35,17 +37,25 @@ from gpu_share.sharing.annotations import (
     encode_inventory,
     inventory_key,
 )
-from gpu_share.sharing.engine import Allocation, AllocationEngine, CallContext, Preferred
+from gpu_share.sharing.engine import (
+    Allocation,
+    AllocationEngine,
+    CallContext,
+    Preferred,
+    ReconcileResult,
+)
 from gpu_share.sharing.inventory import Inventory
 from gpu_share.sharing.ledger import EntrySource, Ledger, LedgerEntry
 from gpu_share.sharing.model import (
     AdvertisedDevice,
     AllocateSpec,
+    ContainerRef,
     PodResourcesView,
     PodView,
     ResourceKind,
     ResourceNames,
 )
+from gpu_share.sharing.notes import NoteKind, degraded_label, texts
 from gpu_share.sharing.policy import make_policy
 from gpu_share.sharing.response import MEMORY_REQUIRED, build_allocate_spec, host_dir_key
 
@@ -87,16 +97,6 @@ class DeviceRow:
     device: str
     healthy: bool
     units: tuple[tuple[str, int, int], ...]
-
-
-def _degraded_label(notes: Sequence[str]) -> str:
-    """A low-cardinality metric label from the engine's notes."""
-    text = " ".join(notes)
-    if "PodResources" in text:
-        return "podresources-unreachable"
-    if "API server" in text:
-        return "apiserver-unreachable"
-    return "no-candidate"
 
 
 class ResourceServer:
@@ -166,7 +166,6 @@ class NodeAgent:
         self.names = ResourceNames(cfg.resources.memory_resource, cfg.resources.core_resource)
         self.feed = ChangeFeed()
         self._lock = threading.RLock()
-        self._pod_cache: dict[tuple[str, str], PodView] = {}
         self._devices: dict[str, Device] = {}
         self._stop = threading.Event()
         self._inventory_dirty = threading.Event()
@@ -360,14 +359,8 @@ class NodeAgent:
 
     def reconcile(self, *, use_api: bool = True) -> None:
         """Bring the ledger in line with the kubelet and (``use_api``) the API server."""
-        listed: list[PodView] | None = None
         listed_at = self._clock()
-        if use_api and self._pods is not None and self.cfg.node_name:
-            try:
-                listed = self._pods.list_node_pods(self.cfg.node_name)
-            except KubeAccessError as exc:
-                self._metrics.kube_error("list_node_pods")
-                log.warning("reconcile without pod specs: %s", exc)
+        listed = self._list_node_pods() if use_api else None
         with self._lock:
             # PodResources under the lock: a pod admitted meanwhile must be in it.
             pr = self._list_pod_resources()
@@ -378,27 +371,7 @@ class NodeAgent:
                     self._persist()
                     self.feed_inventory_changed()
                 return
-            engine = self._engine()
-            pods: dict[tuple[str, str], PodView | None] | None = None
-            if listed is not None:
-                # The list is complete for this node as of listed_at: a pod we held before
-                # then and that is missing from it is gone. Younger entries are not judged.
-                pods = {e.pod_key: None for e in engine.ledger.entries
-                        if e.created_at < listed_at}
-                pods.update({(p.namespace, p.name): p for p in listed})
-            result = engine.reconcile(pr, pods, self._clock())
-            # Cached specs of released pods (or older than the list) must not name a later
-            # pod of the same name: its uid keys its ledger entry and host dirs.
-            for r in result.released:
-                self._pod_cache.pop((r.namespace, r.pod_name), None)
-            for p in listed or ():
-                if (p.namespace, p.name) in self._pod_cache:
-                    self._pod_cache[(p.namespace, p.name)] = p
-            if result.changed:
-                self._persist()
-                for ns, name in result.pods_touched:
-                    if self._publisher is not None:
-                        self._publisher.pod_changed(ns, name)
+            result = self._reconcile_with(pr, listed, listed_at)
         if result.changed:
             log.info(
                 "ledger reconciled",
@@ -408,6 +381,35 @@ class NodeAgent:
             self.feed_inventory_changed()
         self._sweep_host_dirs()
         self._apply_configured_unit()
+
+    def _list_node_pods(self) -> list[PodView] | None:
+        if self._pods is None or not self.cfg.node_name:
+            return None
+        try:
+            return self._pods.list_node_pods(self.cfg.node_name)
+        except KubeAccessError as exc:
+            self._metrics.kube_error("list_node_pods")
+            log.warning("reconcile without pod specs: %s", exc)
+            return None
+
+    def _reconcile_with(
+        self, pr: PodResourcesView, listed: list[PodView] | None, listed_at: float
+    ) -> ReconcileResult:
+        """One reconcile pass under the lock, with the node's pods as of ``listed_at``."""
+        engine = self._engine()
+        pods: dict[tuple[str, str], PodView | None] | None = None
+        if listed is not None:
+            # The list is complete for this node as of listed_at: a pod we held before
+            # then and that is missing from it is gone. Younger entries are not judged.
+            pods = {e.pod_key: None for e in engine.ledger.entries if e.created_at < listed_at}
+            pods.update({(p.namespace, p.name): p for p in listed})
+        result = engine.reconcile(pr, pods, self._clock())
+        if result.changed:
+            self._persist()
+            for ns, name in result.pods_touched:
+                if self._publisher is not None:
+                    self._publisher.pod_changed(ns, name)
+        return result
 
     def on_health(self, events: Sequence[HealthEvent]) -> None:
         changed = False
@@ -455,7 +457,7 @@ class NodeAgent:
         return self.engine
 
     def _resource(self, kind: ResourceKind) -> str:
-        return self.names.memory if kind is ResourceKind.MEMORY else self.names.core
+        return self.names.name_of(kind)
 
     # Loop steps: the supervisor calls each again and again; whatever one raises is
     # logged, counted, and followed by a pause (observability.loops).
@@ -615,19 +617,14 @@ class NodeAgent:
             return None
 
     def _context(self) -> CallContext:
-        """Facts for one kubelet call: PodResources now, and specs of pods it needs."""
+        """Facts for one kubelet call: PodResources now, and specs of pods it needs (from
+        the pod source: the node's watch-fed cache, one GET on a miss)."""
         now = self._clock()
         pr = self._list_pod_resources()
-        if pr is None:
-            return CallContext(pr=None, pods=None, now=now)
-        active = {(p.namespace, p.name) for p in pr.pods}
-        for key in [k for k in self._pod_cache if k not in active]:
-            del self._pod_cache[key]
-        if self._pods is None:
+        if pr is None or self._pods is None:
             return CallContext(pr=pr, pods=None, now=now)
+        pods: dict[tuple[str, str], PodView] = {}
         for ns, name in self._engine().context_needs(pr):
-            if (ns, name) in self._pod_cache:
-                continue
             try:
                 view = self._pods.get_pod(ns, name)
             except KubeAccessError as exc:
@@ -635,13 +632,13 @@ class NodeAgent:
                 log.warning("API server unreachable for pod %s/%s: %s", ns, name, exc)
                 return CallContext(pr=pr, pods=None, now=now)
             if view is not None:
-                self._pod_cache[(ns, name)] = view
-        return CallContext(pr=pr, pods=dict(self._pod_cache), now=now)
+                pods[(ns, name)] = view
+        return CallContext(pr=pr, pods=pods, now=now)
 
     def _after_call(self, resource: str, result: Preferred | Allocation) -> None:
         if result.identity_source is EntrySource.DEGRADED:
-            reason = "; ".join(result.notes) or "pod unknown"
-            self._metrics.degraded(_degraded_label(result.notes))
+            reason = "; ".join(texts(result.notes)) or "pod unknown"
+            self._metrics.degraded(degraded_label(result.notes))
             log.warning("degraded decision", extra={"resource": resource, "notes": reason})
             if self._publisher is not None:
                 self._publisher.event(
@@ -649,19 +646,20 @@ class NodeAgent:
                     message=f"{resource}: {reason}", warning=True,
                 )
         elif result.notes:
-            log.info("allocation notes", extra={"resource": resource, "notes": result.notes})
+            log.info("allocation notes",
+                     extra={"resource": resource, "notes": texts(result.notes)})
             ref = result.entry.ref
             for note in result.notes:
-                if note.startswith("extender decision") and self._publisher is not None:
+                if note.kind is NoteKind.EXTENDER_IGNORED and self._publisher is not None:
                     self._publisher.event(ref.namespace, ref.pod_name,
-                                          reason="ExtenderDecisionIgnored", message=note,
+                                          reason="ExtenderDecisionIgnored", message=note.text,
                                           warning=True)
         if result.ambiguity:
             self._metrics.ambiguous()
 
     def _failed(self, resource: str, exc: AllocationError) -> None:
-        self._metrics.failure(resource, exc.reason)
-        ref = getattr(exc, "ref", None)
+        self._metrics.failure(resource, metric_label_of(exc))
+        ref = exc.ref if isinstance(exc.ref, ContainerRef) else None
         log.warning(
             "allocation failed",
             extra={"resource": resource, "reason": exc.reason, "error": exc.message,
@@ -671,12 +669,12 @@ class NodeAgent:
             return
         if ref is not None and ref.namespace:
             self._publisher.event(
-                ref.namespace, ref.pod_name, reason=exc.reason,
+                ref.namespace, ref.pod_name, reason=event_reason_of(exc),
                 message=f"container {ref.container_name}: {exc.message}", warning=True,
             )
         else:
             self._publisher.event(
-                None, self.cfg.node_name, reason=exc.reason,
+                None, self.cfg.node_name, reason=event_reason_of(exc),
                 message=f"{resource}: {exc.message}", warning=True,
             )
 

@@ -10,6 +10,7 @@ import signal
 import ssl
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from gpu_share.extender.http import EXTENDER_LIMITS, make_server
 from gpu_share.extender.ports import ClusterView
 from gpu_share.kube.client import make_api_client
 from gpu_share.kube.cluster_view import KubeBinder, KubeClusterView
-from gpu_share.observability.http import ServerLimits, server_tls_context
+from gpu_share.observability.http import BoundedServer, ServerLimits, server_tls_context
 from gpu_share.sharing.model import ResourceNames
 from gpu_share.sharing.model_req import DEFAULT_MODEL_LABEL
 from gpu_share.sharing.placement import (
@@ -182,6 +183,82 @@ def _view_alive(view: KubeClusterView) -> bool:
     return True if loops is None else bool(loops.check())
 
 
+def _names_and_key(a: argparse.Namespace) -> tuple[ResourceNames, bytes]:
+    """The resource names (the agent's rules: one validation path) and the decision
+    key, or UsageError with the line to print."""
+    try:
+        ResourcesConfig(domain=a.domain, memory_name=a.memory_name, core_name=a.core_name)
+    except ValidationError as e:
+        why = "; ".join(str(err["msg"]) for err in e.errors())
+        raise UsageError(f"gpu-share-extender: invalid resource names: {why}"[:500]) from None
+    key = Path(a.key_file).read_bytes().strip()
+    if len(key) < 16:
+        raise UsageError(f"decision key {a.key_file} is shorter than 16 bytes")
+    return ResourceNames(f"{a.domain}/{a.memory_name}", f"{a.domain}/{a.core_name}"), key
+
+
+def _policy_factory(name: str) -> Callable[[ClusterView], ClusterPolicy]:
+    cache: dict[str, tuple[Workload | None, ClusterPolicy]] = {}
+
+    def policy(v: ClusterView) -> ClusterPolicy:
+        # One policy per workload object, so its memo survives between requests.
+        w = v.workload() if name == "fgd" else None
+        got = cache.get("p")
+        if got is None or got[0] is not w:
+            got = (w, make_policy(name, w))
+            cache["p"] = got
+        return got[1]
+
+    return policy
+
+
+def _extender(
+    a: argparse.Namespace, names: ResourceNames, key: bytes
+) -> tuple[KubeClusterView, Extender]:
+    api = make_api_client(a.kubeconfig)
+    view = KubeClusterView(
+        api,
+        domain=a.domain,
+        memory_resource=names.memory,
+        core_resource=names.core,
+        default_workload=parse_workload(a.default_workload),
+        decision_key=key,  # pod annotations count only when signed with it
+        model_label=a.model_label,
+    )
+    settings = ExtenderSettings(names, a.domain, key, model_label=a.model_label)
+    return view, Extender(settings, view, KubeBinder(api), _policy_factory(a.policy))
+
+
+def _mode(plan: Serving) -> str:
+    if plan.mutual_tls:
+        return "https, client certificate required"
+    if plan.tls is not None:
+        return "https without client certificates"
+    return "plain http"
+
+
+def _serve(
+    a: argparse.Namespace, plan: Serving, server: BoundedServer, view: KubeClusterView
+) -> int:
+    """Sync the view, serve until SIGTERM/SIGINT, then shut down."""
+    view.start()
+    if not view.wait_synced(60):
+        log.warning("cluster view not synced after 60 s; serving anyway")
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    server.start()
+    if not is_loopback(plan.host) and not plan.mutual_tls:
+        log.warning("serving off loopback WITHOUT client authentication "
+                    "(--insecure-allow-unauthenticated): for test clusters only")
+    log.info("serving on %s (%s, policy %s)", a.listen, _mode(plan), a.policy)
+    stop.wait()
+    server.shutdown()
+    server.server_close()
+    view.stop()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     try:
@@ -192,41 +269,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=a.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    try:  # the agent's rules for the same names (one validation path)
-        ResourcesConfig(domain=a.domain, memory_name=a.memory_name, core_name=a.core_name)
-    except ValidationError as e:
-        why = "; ".join(str(err["msg"]) for err in e.errors())
-        print(f"gpu-share-extender: invalid resource names: {why}"[:500], file=sys.stderr)
+    try:
+        names, key = _names_and_key(a)
+    except UsageError as e:
+        print(str(e), file=sys.stderr)
         return 2
-    key = Path(a.key_file).read_bytes().strip()
-    if len(key) < 16:
-        print(f"decision key {a.key_file} is shorter than 16 bytes", file=sys.stderr)
-        return 2
-    api = make_api_client(a.kubeconfig)
-    names = ResourceNames(f"{a.domain}/{a.memory_name}", f"{a.domain}/{a.core_name}")
-    view = KubeClusterView(
-        api,
-        domain=a.domain,
-        memory_resource=names.memory,
-        core_resource=names.core,
-        default_workload=parse_workload(a.default_workload),
-        decision_key=key,  # pod annotations count only when signed with it
-        model_label=a.model_label,
-    )
-
-    cache: dict[str, tuple[Workload | None, ClusterPolicy]] = {}
-
-    def policy(v: ClusterView) -> ClusterPolicy:
-        # One policy per workload object, so its memo survives between requests.
-        w = v.workload() if a.policy == "fgd" else None
-        got = cache.get("p")
-        if got is None or got[0] is not w:
-            got = (w, make_policy(a.policy, w))
-            cache["p"] = got
-        return got[1]
-
-    settings = ExtenderSettings(names, a.domain, key, model_label=a.model_label)
-    ext = Extender(settings, view, KubeBinder(api), policy)
+    view, ext = _extender(a, names, key)
     try:  # bound before the (slow) sync: a taken port fails fast
         server = make_server(
             ext, plan.host, plan.port, limits=plan.limits, ssl_context=plan.tls,
@@ -235,28 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         print(f"gpu-share-extender: cannot listen on {a.listen}: {e}", file=sys.stderr)
         return 1
-    view.start()
-    if not view.wait_synced(60):
-        log.warning("cluster view not synced after 60 s; serving anyway")
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    server.start()
-    if plan.mutual_tls:
-        mode = "https, client certificate required"
-    elif plan.tls is not None:
-        mode = "https without client certificates"
-    else:
-        mode = "plain http"
-    if not is_loopback(plan.host) and not plan.mutual_tls:
-        log.warning("serving off loopback WITHOUT client authentication "
-                    "(--insecure-allow-unauthenticated): for test clusters only")
-    log.info("serving on %s (%s, policy %s)", a.listen, mode, a.policy)
-    stop.wait()
-    server.shutdown()
-    server.server_close()
-    view.stop()
-    return 0
+    return _serve(a, plan, server, view)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from gpu_share.agent.instance_lock import InstanceLock, InstanceLockError
 from gpu_share.agent.node_agent import AgentMetrics, DeviceRow, NodeAgent
@@ -38,6 +39,9 @@ from gpu_share.plugin.podresources import PodResourcesClient
 from gpu_share.plugin.sizeguard import guard_devices
 from gpu_share.sharing.model import PodView
 
+if TYPE_CHECKING:  # imported lazily at run time (the Kubernetes client is heavy)
+    from gpu_share.kube.pods import KubePodSource, NodePodCache
+
 log = logging.getLogger("gpu_share.plugin_main")
 
 # SIGTERM to exit, in every state: at most EXIT_DEADLINE_S (the watchdog's bound); the
@@ -47,6 +51,7 @@ DRAIN_TIMEOUT_S = 1.0  # ListAndWatch streams hand the all-unhealthy list to the
 PLUGINS_STOP_TIMEOUT_S = 1.0
 AGENT_STOP_TIMEOUT_S = 1.5
 KUBE_INIT_MAX_AGE_S = 120.0  # importing the client and reading its config
+CACHE_STOP_TIMEOUT_S = 0.5
 
 
 class PrometheusAgentMetrics(AgentMetrics):
@@ -110,9 +115,11 @@ class _LazyKube:
     def __init__(self, cfg: AgentConfig, metrics: Metrics, loops: LoopSupervisor) -> None:
         self._cfg = cfg
         self._metrics = metrics
+        self._loops = loops
         self._ready = threading.Event()
         self._closed = threading.Event()
         self.pods: PodSource | None = None
+        self._cache: NodePodCache | None = None
         self.publisher: Publisher | None = None
         # Supervised: an unexpected failure is logged, counted and retried (callers stop
         # waiting after the first try either way).
@@ -124,11 +131,13 @@ class _LazyKube:
         """Shutting down: nobody waits for the clients any more."""
         self._closed.set()
         self._ready.set()
+        if self._cache is not None:
+            self._cache.stop(timeout=CACHE_STOP_TIMEOUT_S)
 
     def _build(self) -> None:
         try:
             from gpu_share.kube.client import make_api_client
-            from gpu_share.kube.pods import KubePodSource
+            from gpu_share.kube.pods import KubePodSource, NodePodCache
             from gpu_share.kube.publish import KubePublisher
 
             try:
@@ -140,7 +149,8 @@ class _LazyKube:
                 )
                 return
             if self._cfg.identity.use_api_server:
-                self.pods = KubePodSource.from_config(api, self._cfg.resources)
+                source = KubePodSource.from_config(api, self._cfg.resources)
+                self.pods = self._node_cache(source, NodePodCache) or source
             self.publisher = KubePublisher(
                 api,
                 host_node=self._cfg.node_name,
@@ -149,6 +159,21 @@ class _LazyKube:
             )
         finally:
             self._ready.set()
+
+    def _node_cache(self, source: KubePodSource, cls: type[NodePodCache]) -> NodePodCache | None:
+        """The watch-fed cache of this node's pods: the agent's one pod source (a miss
+        is one GET). None without a node name (then every read is a GET)."""
+        if not self._cfg.node_name or self._closed.is_set():
+            return None
+        cache = cls(
+            source,
+            self._cfg.node_name,
+            loops=self._loops,
+            on_error=lambda loop: self._metrics.loop_errors_total.labels(loop=loop).inc(),
+        )
+        cache.start()
+        self._cache = cache
+        return cache
 
     def _pods(self) -> PodSource:
         self._ready.wait(30.0)

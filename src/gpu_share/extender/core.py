@@ -11,13 +11,10 @@ from typing import Any
 
 from gpu_share.extender.ports import Binder, ClusterView
 from gpu_share.sharing.decision import ContainerDecision, Decision, decision_key, sign
-from gpu_share.sharing.model import ContainerRequest, ResourceNames
-from gpu_share.sharing.model_req import DEFAULT_MODEL_LABEL, pod_models
+from gpu_share.sharing.model import ResourceNames
+from gpu_share.sharing.model_req import DEFAULT_MODEL_LABEL
 from gpu_share.sharing.placement import (
-    ANY_MODEL,
     ClusterPolicy,
-    Demand,
-    ModelReq,
     NoFit,
     NoFitCause,
     Placement,
@@ -25,7 +22,7 @@ from gpu_share.sharing.placement import (
     evaluate_node,
     model_free,
 )
-from gpu_share.sharing.quantity import pod_host_request
+from gpu_share.sharing.pod_request import PodRequest, parse_pod_request
 
 MAX_PRIORITY = 10  # extenderv1.MaxExtenderPriority
 _NO_INV = NoFitCause.NO_INVENTORY
@@ -39,59 +36,12 @@ class ExtenderSettings:
     model_label: str = DEFAULT_MODEL_LABEL  # node label naming the GPU model
 
 
-def _quantity(v: Any) -> int:
-    s = str(v).strip()
-    # ASCII digits only: "²" or "٣" pass str.isdigit() and then fail int() or mean 3.
-    if not (s.isascii() and s.isdigit() and len(s) <= 18):
-        raise ValueError(f"extended resource quantity must be a whole number, got {str(v)[:40]!r}")
-    return int(s)
-
-
-def pod_requests(pod: Mapping[str, Any], names: ResourceNames) -> dict[str, ContainerRequest]:
-    """Container name -> request for our resources, init containers first (admission
-    order); containers asking for nothing of ours are left out."""
-    spec = pod.get("spec") or {}
-    out: dict[str, ContainerRequest] = {}
-    for c in list(spec.get("initContainers") or []) + list(spec.get("containers") or []):
-        res = c.get("resources") or {}
-        # Limits win over requests, as in kube/pods.py.
-        amounts = {**(res.get("requests") or {}), **(res.get("limits") or {})}
-        mem = _quantity(amounts.get(names.memory, 0))
-        cores = _quantity(amounts.get(names.core, 0))
-        if mem or cores:
-            out[str(c.get("name", ""))] = ContainerRequest(mem, cores)
-    return out
-
-
-@dataclass(frozen=True)
-class PodAsk:
-    """What the extender weighs for one pod: our resources per container, and the
-    host CPU (millicores) and memory (MiB) the scheduler reserves for it."""
-
-    requests: dict[str, ContainerRequest]
-    cpu: int = 0
-    memory: int = 0
-    models: ModelReq = ANY_MODEL  # GPU models it accepts (sharing.model_req)
-
-
-def pod_ask(
-    pod: Mapping[str, Any],
-    names: ResourceNames,
-    domain: str = "",
-    model_label: str = DEFAULT_MODEL_LABEL,
-) -> PodAsk:
-    """Raises ValueError (QuantityError is one) on a malformed quantity or models
-    annotation."""
-    cpu, memory = pod_host_request(pod)
-    return PodAsk(pod_requests(pod, names), cpu, memory, pod_models(pod, model_label, domain))
-
-
-def to_demand(ask: PodAsk) -> PodDemand:
-    return PodDemand(
-        tuple(Demand(n, r.memory_units, r.cores) for n, r in ask.requests.items()),
-        cpu=ask.cpu,
-        host_memory=ask.memory,
-        models=ask.models,
+def pod_ask(pod: Mapping[str, Any], settings: ExtenderSettings) -> PodRequest:
+    """What ``pod`` asks (``sharing.pod_request``); raises ``PodRequestError`` (a
+    ValueError) on a malformed quantity, models annotation or affinity."""
+    names = settings.resources
+    return parse_pod_request(
+        pod, names.memory, names.core, domain=settings.domain, model_label=settings.model_label
     )
 
 
@@ -111,12 +61,11 @@ class Extender:
         self._clock = clock
         self._lock = threading.Lock()  # binds decide and reserve one at a time
         # Requests of pods seen in filter/prioritize, for bind (which names only the pod).
-        self._seen: OrderedDict[str, PodAsk] = OrderedDict()
+        self._seen: OrderedDict[str, PodRequest] = OrderedDict()
         self._seen_lock = threading.Lock()
 
-    def _remember(self, pod: Mapping[str, Any]) -> PodAsk:
-        st = self.settings
-        reqs = pod_ask(pod, st.resources, st.domain, st.model_label)
+    def _remember(self, pod: Mapping[str, Any]) -> PodRequest:
+        reqs = pod_ask(pod, self.settings)
         uid = str((pod.get("metadata") or {}).get("uid", ""))
         if uid:
             with self._seen_lock:
@@ -160,8 +109,8 @@ class Extender:
             }
         names = self._node_names(args)
         failed: dict[str, str] = {}
-        if reqs.requests:
-            for n, r in self._evaluate(names, to_demand(reqs)).items():
+        if reqs.uses_ours:
+            for n, r in self._evaluate(names, reqs.demand()).items():
                 if isinstance(r, NoFit):
                     failed[n] = f"gpu-share: {r.reason}"
         keep = [n for n in names if n not in failed]
@@ -187,10 +136,10 @@ class Extender:
         try:
             reqs = self._remember(args.get("Pod") or {})
         except ValueError:
-            reqs = PodAsk({})
-        if not reqs.requests:
+            reqs = PodRequest()
+        if not reqs.uses_ours:
             return [{"Host": n, "Score": 0} for n in names]
-        evals = self._evaluate(names, to_demand(reqs))
+        evals = self._evaluate(names, reqs.demand())
         fits = sorted(((r.score, n) for n, r in evals.items() if isinstance(r, Placement)))
         scores = {n: 0 for n in names}
         # Only the policy's choice (ties: smallest name) gets the maximum, so the
@@ -213,15 +162,15 @@ class Extender:
             if pod is None:
                 return {"Error": f"pod {ns}/{name} not found"}
             try:
-                st = self.settings
-                reqs = pod_ask(pod, st.resources, st.domain, st.model_label)
+                reqs = pod_ask(pod, self.settings)
             except ValueError as e:
                 return {"Error": f"pod {ns}/{name}: {e}"}
         annotations: dict[str, str] = {}
         with self._lock:
             shares: dict[str, tuple[int, int]] = {}
-            if reqs.requests:
-                r = self._evaluate([node], to_demand(reqs))[node]
+            asking = reqs.asking
+            if asking:
+                r = self._evaluate([node], reqs.demand())[node]
                 if isinstance(r, NoFit):
                     return {"Error": f"gpu-share: {node}: {r.reason}"}
                 decision = Decision(
@@ -229,7 +178,7 @@ class Extender:
                     node=node,
                     containers={
                         cp.container: ContainerDecision(
-                            tuple(d.uuid for d in cp.devices), reqs.requests[cp.container]
+                            tuple(d.uuid for d in cp.devices), asking[cp.container]
                         )
                         for cp in r.containers
                     },

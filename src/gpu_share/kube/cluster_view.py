@@ -1,7 +1,8 @@
 """The extender's cluster view (``extender.ports.ClusterView``) and binder, on the API server.
 
-Nodes and pods are kept in memory by list+watch (one daemon thread each, relisting on
-HTTP 410 or any error after a short pause); ``node()`` merges a node's inventory
+Nodes and pods are kept in memory by list+watch (``kube.listwatch.ListWatch``, one
+daemon thread each: relisting on HTTP 410, on a periodic resync, and after any error
+following a jittered pause); ``node()`` merges a node's inventory
 annotation with the annotations of its pods and pending reservations
 (``sharing.placement.view``), and its allocatable CPU/memory with the requests of every
 pod bound to it, so the policy scores host resources as the trace replay does.
@@ -15,19 +16,19 @@ accounted as an unannotated one: by the node's inventory annotation (the agent's
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from kubernetes import client as k8s
 
 from gpu_share.kube.client import KubeTimeouts, access_error, call_json
-from gpu_share.observability.loops import Backoff, LoopSupervisor
+from gpu_share.kube.listwatch import ListWatch, WatchBackoff, kube_watch, paged_list
+from gpu_share.observability.loops import LoopSupervisor
 from gpu_share.sharing.annotations import (
     MALFORMED,
     AnnotationError,
@@ -37,30 +38,22 @@ from gpu_share.sharing.annotations import (
     verify_assignment,
 )
 from gpu_share.sharing.decision import DecisionError, decision_key, verify_binding
-from gpu_share.sharing.model_req import DEFAULT_MODEL_LABEL, models_or_any, node_model
+from gpu_share.sharing.model_req import DEFAULT_MODEL_LABEL, node_model
 from gpu_share.sharing.placement import ModelReq, NodeSlots, Shape, Workload
 from gpu_share.sharing.placement.view import Usage, node_slots, pod_usage
-from gpu_share.sharing.quantity import QuantityError, cpu_milli, memory_mib, pod_host_request
+from gpu_share.sharing.pod_request import PodRequest, read_pod_request
+from gpu_share.sharing.quantity import QuantityError, cpu_milli, memory_mib
 
 log = logging.getLogger(__name__)
 PENDING_TTL_S = 120.0  # a reservation the watch never confirmed is dropped after this
 UNTRUSTED_LOG_EVERY_S = 60.0  # ignored annotations: one summary log line at most this often
 WATCH_TIMEOUT_S = 300  # server-side end of one watch
-WATCH_PAUSE_S = 2.0  # first pause after a failed watch (then growing, at most 30 s)
+WATCH_BACKOFF = WatchBackoff(0.5, 30.0)  # pause after failed watches (jittered, growing)
+WATCH_RESYNC_S = 1800.0  # a full relist now and then repairs any event missed
 # A quiet watch beats once per WATCH_TIMEOUT_S; room for a read timeout and a pause.
 WATCH_MAX_AGE_S = WATCH_TIMEOUT_S + 180.0
-
-
-def _lines(resp: Any) -> Iterator[bytes]:
-    buf = b""
-    for chunk in resp.stream(amt=None, decode_content=False):
-        buf += chunk
-        while (nl := buf.find(b"\n")) >= 0:
-            line, buf = buf[:nl], buf[nl + 1 :]
-            if line.strip():
-                yield line
-    if buf.strip():
-        yield buf
+# (memory units, cores, host cpu m, host memory Mi, models) of one container's ask
+_ShapeKey = tuple[int, int, int, int, ModelReq]
 
 
 class KubeClusterView:
@@ -77,10 +70,11 @@ class KubeClusterView:
         clock: Callable[[], float] = time.monotonic,
         on_untrusted: Callable[[str], None] | None = None,
         model_label: str = DEFAULT_MODEL_LABEL,
+        on_error: Callable[[str], None] | None = None,
     ) -> None:
         """``decision_key``: the extender's HMAC key; pod annotations that do not verify
         under it are ignored. ``on_untrusted(reason)``: called per ignored annotation (a
-        metric hook)."""
+        metric hook). ``on_error(watch name)``: called per failed watch pass."""
         self._core = k8s.CoreV1Api(api_client)
         self._domain = domain
         self._key = decision_key
@@ -99,13 +93,31 @@ class KubeClusterView:
         self._nodes: dict[str, InventoryAnnotation] = {}
         self._alloc: dict[str, tuple[int | None, int | None]] = {}  # node -> cpu m, memory Mi
         self._pods: dict[str, dict[str, Any]] = {}  # uid -> pod object using our resources
+        self._asks: dict[str, PodRequest] = {}  # uid -> its parsed ask (same pods)
         # node -> uid -> (cpu m, memory Mi) of every bound pod; by node, as filter reads it
         self._host: dict[str, dict[str, tuple[int, int]]] = {}
         self._host_node: dict[str, str] = {}  # uid -> node, to drop a pod from _host
         self._pending: dict[str, tuple[str, Usage, tuple[int, int], float]] = {}
-        self._wl: tuple[tuple[tuple[tuple[int, int, int, int], int], ...], Workload] | None = None
+        self._wl: tuple[tuple[tuple[_ShapeKey, int], ...], Workload] | None = None
         self._stop = threading.Event()
-        self._synced = {"nodes": threading.Event(), "pods": threading.Event()}
+        self._watches = {
+            what: ListWatch(
+                f"view-{what}",
+                lambda what=what: self._list(what),  # type: ignore[misc]
+                kube_watch(fn, f"watch {what}", self._t),
+                on_list=lambda items, what=what: self._replace(what, items),  # type: ignore[misc]
+                on_event=lambda etype, obj, what=what: self._apply(what, etype, obj),  # type: ignore[misc]
+                stop=self._stop,
+                timeout_s=WATCH_TIMEOUT_S,
+                resync_s=WATCH_RESYNC_S,
+                backoff=WATCH_BACKOFF,
+                on_error=on_error,
+            )
+            for what, fn in (
+                ("nodes", self._core.list_node),
+                ("pods", self._core.list_pod_for_all_namespaces),
+            )
+        }
 
     # -- ClusterView
     def node(self, name: str) -> NodeSlots | None:
@@ -147,12 +159,14 @@ class KubeClusterView:
     def workload(self) -> Workload:
         """Requests of pods seen (bound or pending), else the configured default mix."""
         with self._lock:
-            counts: dict[tuple[int, int, int, int, ModelReq], int] = {}
-            for p in self._pods.values():
-                cpu, mem = _host_request(p)
-                req = models_or_any(p, self._model_label, self._domain)
-                for m, c in self._requests(p):
-                    counts[(m, c, cpu, mem, req)] = counts.get((m, c, cpu, mem, req), 0) + 1
+            counts: dict[_ShapeKey, int] = {}
+            for ask in self._asks.values():
+                cpu, mem, req = ask.cpu, ask.memory, ask.models
+                for c in ask.containers:
+                    if c.request.empty:
+                        continue
+                    k = (c.request.memory_units, c.request.cores, cpu, mem, req)
+                    counts[k] = counts.get(k, 0) + 1
             key = tuple(sorted(counts.items(), key=lambda kv: (kv[0][:4], str(kv[0][4]))))
             # Same mix, same object: the policy built on it keeps its memo across requests.
             if self._wl is None or self._wl[0] != key:
@@ -169,7 +183,8 @@ class KubeClusterView:
             p = self._pods.get(pod_uid)
             bound = p is not None and (p.get("spec") or {}).get("nodeName") == node
             if not (bound and self._trusted.get(pod_uid)):
-                host = _host_request(p) if p is not None else (0, 0)
+                ask = self._asks.get(pod_uid)
+                host = (ask.cpu, ask.memory) if ask is not None else (0, 0)
                 self._pending[pod_uid] = (node, dict(shares), host, self._clock())
 
     def pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
@@ -186,40 +201,31 @@ class KubeClusterView:
 
     # -- watch
     def start(self, loops: LoopSupervisor | None = None) -> None:
-        """Watch nodes and pods in two supervised loops (``self.loops``: a failure is
-        logged, counted and followed by a pause; ``self.loops.check`` is a liveness
-        probe naming a watch that stopped beating)."""
-        self.loops = loops or LoopSupervisor(backoff=Backoff(WATCH_PAUSE_S, 30.0))
-        self._rv = {"nodes": "", "pods": ""}
-        for what in ("nodes", "pods"):
-            self.loops.spawn(
-                f"view-{what}",
-                lambda what=what: self._watch_once(what),  # type: ignore[misc]
-                max_age_s=WATCH_MAX_AGE_S,
-                stop=self._stop,
-            )
+        """Watch nodes and pods in two supervised threads (``self.loops``: each watch
+        beats its heartbeat, so ``self.loops.check`` is a liveness probe naming a watch
+        that stopped; a failure is logged, reported to ``on_error`` and paused for)."""
+        self.loops = loops or LoopSupervisor()
+        for lw in self._watches.values():
+            lw.start(self.loops, max_age_s=WATCH_MAX_AGE_S)
 
     def stop(self) -> None:
-        self._stop.set()
+        for lw in self._watches.values():
+            lw.stop()
 
     def wait_synced(self, timeout: float) -> bool:
         end = time.monotonic() + timeout
-        return all(e.wait(max(0.0, end - time.monotonic())) for e in self._synced.values())
+        return all(
+            lw.synced.wait(max(0.0, end - time.monotonic())) for lw in self._watches.values()
+        )
 
-    def _requests(self, pod: Mapping[str, Any]) -> list[tuple[int, int]]:
-        out = []
-        spec = pod.get("spec") or {}
-        for c in list(spec.get("initContainers") or []) + list(spec.get("containers") or []):
-            res = c.get("resources") or {}
-            # Limits win over requests, as in kube/pods.py.
-            amounts = {**(res.get("requests") or {}), **(res.get("limits") or {})}
-            try:
-                m, k = int(str(amounts.get(self._mem, 0))), int(str(amounts.get(self._cores, 0)))
-            except ValueError:
-                continue
-            if m or k:
-                out.append((m, k))
-        return out
+    def _ask(self, pod: Mapping[str, Any]) -> PodRequest:
+        ask = read_pod_request(
+            pod, self._mem, self._cores, domain=self._domain, model_label=self._model_label
+        )
+        if ask.problems and ask.uses_ours:  # quantities are validated; models are not
+            meta = pod.get("metadata") or {}
+            log.warning("pod %s/%s: %s", meta.get("namespace"), meta.get("name"), ask.problems[0])
+        return ask
 
     def _trust(self, uid: str, node: str, pod: Mapping[str, Any]) -> dict[str, str]:
         """The pod's decision/assignment annotations that verify for (uid, node)."""
@@ -266,104 +272,80 @@ class KubeClusterView:
             self._untrusted_logged = (now, total)
 
     def _apply(self, what: str, etype: str, obj: Mapping[str, Any]) -> None:
+        if what == "nodes":
+            self._apply_node(etype, obj)
+        else:
+            self._apply_pod(etype, obj)
+
+    def _apply_node(self, etype: str, obj: Mapping[str, Any]) -> None:
         meta = obj.get("metadata") or {}
+        name = str(meta.get("name", ""))
+        text = (meta.get("annotations") or {}).get(inventory_key(self._domain))
+        inv = None
+        if text and etype != "DELETED":
+            try:
+                inv = InventoryAnnotation.decode(text)
+            except AnnotationError as e:
+                log.warning("node %s: %s", name, e)
         with self._lock:
-            if what == "nodes":
-                name = str(meta.get("name", ""))
-                text = (meta.get("annotations") or {}).get(inventory_key(self._domain))
-                inv = None
-                if text and etype != "DELETED":
-                    try:
-                        inv = InventoryAnnotation.decode(text)
-                    except AnnotationError as e:
-                        log.warning("node %s: %s", name, e)
-                if inv is None:
-                    self._nodes.pop(name, None)
-                    self._alloc.pop(name, None)
-                    self._model.pop(name, None)
-                else:
-                    self._nodes[name] = inv
-                    self._alloc[name] = _allocatable(obj)
-                    first = inv.devices[0].model if inv.devices else ""
-                    self._model[name] = node_model(meta.get("labels"), self._model_label, first)
-                return
-            uid = str(meta.get("uid", ""))
-            phase = (obj.get("status") or {}).get("phase")
-            node = str((obj.get("spec") or {}).get("nodeName") or "")
-            bound = bool(node)
+            if inv is None:
+                self._nodes.pop(name, None)
+                self._alloc.pop(name, None)
+                self._model.pop(name, None)
+            else:
+                self._nodes[name] = inv
+                self._alloc[name] = _allocatable(obj)
+                first = inv.devices[0].model if inv.devices else ""
+                self._model[name] = node_model(meta.get("labels"), self._model_label, first)
+
+    def _apply_pod(self, etype: str, obj: Mapping[str, Any]) -> None:
+        uid = str((obj.get("metadata") or {}).get("uid", ""))
+        phase = (obj.get("status") or {}).get("phase")
+        node = str((obj.get("spec") or {}).get("nodeName") or "")
+        gone = etype == "DELETED" or phase in ("Succeeded", "Failed")
+        ask = None if gone else self._ask(obj)  # parsed outside the lock
+        with self._lock:
             # Host requests of every bound pod, ours or not: they share the node's CPU.
             old = self._host_node.pop(uid, None)
             if old is not None:
                 self._host[old].pop(uid, None)
-            if etype != "DELETED" and phase not in ("Succeeded", "Failed") and bound:
-                self._host.setdefault(node, {})[uid] = _host_request(obj)
+            if ask is not None and node:
+                self._host.setdefault(node, {})[uid] = (ask.cpu, ask.memory)
                 self._host_node[uid] = node
-            if etype == "DELETED" or phase in ("Succeeded", "Failed") or not self._requests(obj):
+            if ask is None or not ask.uses_ours:
                 self._pods.pop(uid, None)
+                self._asks.pop(uid, None)
                 self._pending.pop(uid, None)
                 self._trusted.pop(uid, None)
                 return
             self._pods[uid] = dict(obj)
+            self._asks[uid] = ask
             trusted = self._trust(uid, node, obj)
             if trusted:
                 self._trusted[uid] = trusted
             else:
                 self._trusted.pop(uid, None)
-            if bound and trusted:
+            if node and trusted:
                 self._pending.pop(uid, None)
 
-    def _list(self, what: str) -> str:
+    def _list(self, what: str) -> tuple[list[dict[str, Any]], str]:
         fn = self._core.list_node if what == "nodes" else self._core.list_pod_for_all_namespaces
-        page = call_json(f"list {what}", fn, timeouts=self._t)
+        return paged_list(f"list {what}", fn, self._t)
+
+    def _replace(self, what: str, items: Sequence[Mapping[str, Any]]) -> None:
+        """A fresh list: forget what the last one and its watch said."""
         with self._lock:
             if what == "nodes":
                 self._nodes.clear()
                 self._alloc.clear()
             else:
                 self._pods.clear()
+                self._asks.clear()
                 self._trusted.clear()
                 self._host.clear()
                 self._host_node.clear()
-        for item in page.get("items") or ():
+        for item in items:
             self._apply(what, "ADDED", item)
-        self._synced[what].set()
-        return str((page.get("metadata") or {}).get("resourceVersion", ""))
-
-    def _watch_once(self, what: str) -> None:
-        """One pass: list when needed, then one watch until it ends. Whatever it raises
-        goes to the supervisor (logged, counted, a pause) and the next pass relists."""
-        rv = self._rv[what]
-        self._rv[what] = ""  # relist after a failure
-        if not rv:
-            rv = self._list(what)
-        fn = self._core.list_node if what == "nodes" else self._core.list_pod_for_all_namespaces
-        resp = fn(
-            watch=True,
-            resource_version=rv,
-            allow_watch_bookmarks=True,
-            timeout_seconds=WATCH_TIMEOUT_S,
-            _preload_content=False,
-            _request_timeout=(self._t.connect, WATCH_TIMEOUT_S + self._t.read),
-        )
-        for line in _lines(resp):
-            ev = json.loads(line)
-            obj = ev.get("object") or {}
-            if ev.get("type") == "ERROR":
-                return  # 410 Gone and friends: relist
-            rv = str((obj.get("metadata") or {}).get("resourceVersion", rv))
-            if ev.get("type") != "BOOKMARK":
-                self._apply(what, str(ev.get("type")), obj)
-            if self._stop.is_set():
-                return
-        self._rv[what] = rv  # the watch timed out cleanly: resume from here
-
-
-def _host_request(pod: Mapping[str, Any]) -> tuple[int, int]:
-    try:
-        return pod_host_request(pod)
-    except QuantityError as e:  # the API server validates quantities; be safe anyway
-        log.warning("pod %s: %s", (pod.get("metadata") or {}).get("name"), e)
-        return (0, 0)
 
 
 def _allocatable(node: Mapping[str, Any]) -> tuple[int | None, int | None]:

@@ -2,80 +2,34 @@
 
 ``KubePodSource`` answers each call with one API request. ``NodePodCache`` keeps the
 pods of one node in memory through list+watch (a thread) so that the allocation path
-usually needs no request at all; it falls back to a GET on a miss.
+needs no request at all for a pod the watch delivered; ``fetch`` reads one on a miss.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
 from kubernetes import client as k8s
 
 from gpu_share.config.model import ResourcesConfig
-from gpu_share.errors import KubeAccessError
-from gpu_share.kube.client import (
-    TRANSPORT_ERRORS,
-    KubeTimeouts,
-    access_error,
-    call_json,
-)
-from gpu_share.observability.loops import Backoff, LoopSupervisor
-from gpu_share.sharing.model import ContainerKind, ContainerRequest, ContainerView, PodView
-from gpu_share.sharing.quantity import QuantityError, parse_quantity
+from gpu_share.kube.client import KubeTimeouts, access_error, call_json
+from gpu_share.kube.listwatch import ListWatch, WatchBackoff, WatchStream, kube_watch, paged_list
+from gpu_share.observability.loops import LoopSupervisor
+from gpu_share.sharing.model import PodView
+from gpu_share.sharing.pod_request import read_pod_request
 
 log = logging.getLogger(__name__)
+ANNOTATION_PREFIX = "gpu-share."  # every annotation gpu-share writes or reads
 
 __all__ = ["KubePodSource", "NodePodCache", "pod_view_from_dict", "pod_view_from_v1"]
 
 
 # ---------------------------------------------------------------- conversion
-
-
-def _quantity(value: Any) -> int:
-    """An extended-resource quantity as int; the API server only admits whole numbers,
-    so anything else is a malformed object and counts as "not requested"."""
-    if value is None:
-        return 0
-    try:
-        q = parse_quantity(value)
-    except QuantityError:
-        log.warning("ignoring unparseable resource quantity %r", value)
-        return 0
-    if q < 0 or q.denominator != 1:
-        log.warning("ignoring non-integer resource quantity %r", value)
-        return 0
-    return int(q)
-
-
-def _amount(resources: Mapping[str, Any] | None, name: str) -> int:
-    # Limits are authoritative for extended resources (requests must equal them when
-    # both are set); requests alone are accepted as a fallback, per resource name.
-    res = resources or {}
-    limits = res.get("limits") or {}
-    requests = res.get("requests") or {}
-    if name in limits:
-        return _quantity(limits[name])
-    return _quantity(requests.get(name))
-
-
-def _container(
-    c: Mapping[str, Any], kind: ContainerKind, memory_resource: str, core_resource: str
-) -> ContainerView:
-    res = c.get("resources")
-    return ContainerView(
-        name=str(c.get("name", "")),
-        kind=kind,
-        request=ContainerRequest(
-            memory_units=_amount(res, memory_resource),
-            cores=_amount(res, core_resource),
-        ),
-    )
 
 
 def _epoch(ts: Any) -> float:
@@ -94,24 +48,21 @@ def pod_view_from_dict(
 ) -> PodView:
     """A pod in its JSON form (camelCase keys, as the API server sends it) -> PodView.
 
-    Containers come in kubelet admission order: init containers in spec order (restartable
-    ones, ``restartPolicy: Always``, are sidecars), then app containers in spec order.
+    Containers and their requests are read by ``sharing.pod_request`` (kubelet admission
+    order; a malformed amount counts as 0 and is logged).
     """
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
-    containers: list[ContainerView] = []
-    for c in spec.get("initContainers") or ():
-        kind = ContainerKind.SIDECAR if c.get("restartPolicy") == "Always" else ContainerKind.INIT
-        containers.append(_container(c, kind, memory_resource, core_resource))
-    for c in spec.get("containers") or ():
-        containers.append(_container(c, ContainerKind.APP, memory_resource, core_resource))
+    req = read_pod_request(obj, memory_resource, core_resource, placement=False)
+    for problem in req.problems:  # the API server validates quantities; be safe anyway
+        log.warning("pod %s/%s: ignoring %s", meta.get("namespace"), meta.get("name"), problem)
     return PodView(
         uid=str(meta.get("uid", "")),
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),
         node_name=str(spec.get("nodeName") or ""),
-        containers=tuple(containers),
+        containers=req.containers,
         phase=str(status.get("phase") or "Pending"),
         annotations=dict(meta.get("annotations") or {}),
         deleted=bool(meta.get("deletionTimestamp")),
@@ -185,79 +136,51 @@ class KubePodSource:
 
     def list_node_pod_objects(self, node_name: str) -> tuple[list[dict[str, Any]], str]:
         """All pods bound to the node as JSON objects, and the list's resourceVersion."""
-        op = f"list pods of node {node_name}"
-        items: list[dict[str, Any]] = []
-        cont: str | None = None
-        rv = ""
-        # A node holds at most a few hundred pods; the bound only guards against a
-        # server that keeps answering with a continue token.
-        for _ in range(1000):
-            kwargs: dict[str, Any] = {
-                "field_selector": f"spec.nodeName={node_name}",
-                "limit": self._page_size,
-            }
-            if cont:
-                kwargs["_continue"] = cont
-            try:
-                page = call_json(
-                    op, self._core.list_pod_for_all_namespaces, timeouts=self._timeouts, **kwargs
-                )
-            except k8s.ApiException as e:
-                raise access_error(op, e) from e
-            items.extend(page.get("items") or ())
-            meta = page.get("metadata") or {}
-            rv = str(meta.get("resourceVersion") or rv)
-            cont = meta.get("continue") or None
-            if not cont:
-                return items, rv
-        raise KubeAccessError(f"{op}: too many pages")
-
-    def open_node_watch(self, node_name: str, resource_version: str, timeout_s: int) -> Any:
-        """A streaming watch of the node's pods from ``resource_version`` (the raw
-        urllib3 response; newline-delimited JSON events). Raises ApiException."""
-        return self._core.list_pod_for_all_namespaces(
+        return paged_list(
+            f"list pods of node {node_name}",
+            self._core.list_pod_for_all_namespaces,
+            self._timeouts,
+            page_size=self._page_size,
             field_selector=f"spec.nodeName={node_name}",
-            watch=True,
-            resource_version=resource_version,
-            allow_watch_bookmarks=True,
-            timeout_seconds=timeout_s,
-            _preload_content=False,
-            # The server ends the watch after timeout_s; the read timeout only catches a
-            # connection that went silent without closing.
-            _request_timeout=(self._timeouts.connect, timeout_s + self._timeouts.read),
         )
+
+    def open_node_watch(self, node_name: str, resource_version: str, timeout_s: int) -> WatchStream:
+        """A watch of the node's pods from ``resource_version``. Raises
+        ``ResourceExpired`` (410) or KubeAccessError."""
+        return kube_watch(
+            self._core.list_pod_for_all_namespaces,
+            f"watch pods of node {node_name}",
+            self._timeouts,
+            field_selector=f"spec.nodeName={node_name}",
+        )(resource_version, timeout_s)
 
 
 # ---------------------------------------------------------------- watch cache
 
 
-class _Gone(Exception):
-    """The watch's resourceVersion is too old (HTTP 410): relist."""
-
-
-def _lines(resp: Any) -> Iterator[bytes]:
-    """Newline-delimited JSON events of a streaming watch answer."""
-    buf = b""
-    for chunk in resp.stream(amt=None, decode_content=False):
-        buf += chunk
-        while True:
-            nl = buf.find(b"\n")
-            if nl < 0:
-                break
-            line, buf = buf[:nl], buf[nl + 1 :]
-            if line.strip():
-                yield line
-    if buf.strip():
-        yield buf
+def _slim(view: PodView) -> PodView:
+    """Only the annotations gpu-share reads (its own, ``gpu-share.<domain>/...``): a
+    tenant's other annotations (up to 256 KiB a pod) stay out of the cache."""
+    if all(k.startswith(ANNOTATION_PREFIX) for k in view.annotations):
+        return view
+    kept = {k: v for k, v in view.annotations.items() if k.startswith(ANNOTATION_PREFIX)}
+    return replace(view, annotations=kept)
 
 
 class NodePodCache:
-    """Pods of one node kept in memory by list+watch in a daemon thread.
+    """The pods of one node, fed by a watch (``kube.listwatch.ListWatch``) in a daemon
+    thread: the agent's pod source.
 
-    Also an ``agent.ports.PodSource``: ``get_pod`` answers from memory and falls back to a
-    GET when the pod is unknown or being deleted (a StatefulSet pod's successor reuses the
-    name, so a terminating entry may already be stale). ``list_node_pods`` answers from
-    memory only while the watch is healthy.
+    Bounded: only pods bound to this node (field selector, and checked again), each
+    as a ``PodView`` (our requests per container, phase, uid, gpu-share annotations).
+
+    - ``get`` answers from memory and never touches the network: None when the pod is
+      unknown, being deleted (a StatefulSet pod's successor reuses the name, so a
+      terminating entry may already be stale) or the watch is not healthy.
+    - ``fetch`` is the fresh read for a pod ``get`` did not answer: one GET, whose
+      answer is kept (a pod on this node) or dropped (404). Raises KubeAccessError.
+    - ``get_pod``/``list_node_pods`` make it an ``agent.ports.PodSource``: ``get`` then
+      ``fetch``; the list from memory while the watch is healthy, else from the API.
 
     Lifecycle: ``start()`` once, ``stop()`` once; ``stop`` interrupts the open watch and
     joins the thread within its timeout.
@@ -269,165 +192,114 @@ class NodePodCache:
         node_name: str,
         *,
         watch_timeout_s: int = 300,
+        resync_s: float | None = 900.0,
         backoff_s: tuple[float, float] = (0.5, 30.0),
         loops: LoopSupervisor | None = None,
+        on_error: Callable[[str], None] | None = None,
     ) -> None:
         self._source = source
         self._node = node_name
         self._watch_timeout_s = watch_timeout_s
-        # The watch runs supervised: a failure is logged (rate-limited), counted, and
-        # followed by a growing pause within backoff_s.
-        self._loops = loops or LoopSupervisor(backoff=Backoff(*backoff_s))
-        self._rv: str | None = None  # None: relist first
+        self._loops = loops
         self._lock = threading.Lock()
         self._pods: dict[tuple[str, str], PodView] = {}
-        self._healthy = threading.Event()
-        self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._resp: Any = None
-        self.relists = 0  # how many full lists were made (observability / tests)
+        # Failures are logged (rate-limited), reported to on_error (a metric) and
+        # followed by a jittered pause within backoff_s, then a relist.
+        self._watch = ListWatch(
+            "pod-watch",
+            lambda: source.list_node_pod_objects(node_name),
+            lambda rv, timeout_s: source.open_node_watch(node_name, rv, timeout_s),
+            on_list=self._replace,
+            on_event=self._apply,
+            timeout_s=watch_timeout_s,
+            resync_s=resync_s,
+            backoff=WatchBackoff(*backoff_s),
+            on_error=on_error,
+        )
 
     # -- lifecycle
 
     def start(self) -> None:
         if self._thread is not None:
             raise RuntimeError("NodePodCache already started")
+        loops = self._loops or LoopSupervisor()
         # A quiet watch beats once per server-side timeout; allow that, a read timeout
         # and the longest pause, with room.
-        max_age = self._watch_timeout_s + 180.0
-        self._thread = self._loops.spawn(
-            "pod-watch", self._step, max_age_s=max_age, stop=self._stop
-        )
+        self._thread = self._watch.start(loops, max_age_s=self._watch_timeout_s + 180.0)
 
     def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        self._interrupt()
+        self._watch.stop()
         if self._thread is not None:
             self._thread.join(timeout)
-        self._healthy.clear()
+        self._watch.synced.clear()
 
     def wait_synced(self, timeout: float) -> bool:
         """True once the first list arrived (and the watch is healthy)."""
-        return self._healthy.wait(timeout)
+        return self._watch.synced.wait(timeout)
 
     @property
     def synced(self) -> bool:
-        return self._healthy.is_set()
+        return self._watch.synced.is_set()
 
-    # -- PodSource
+    @property
+    def relists(self) -> int:
+        """How many full lists were made (observability / tests)."""
+        return self._watch.lists
 
-    def get_pod(self, namespace: str, name: str) -> PodView | None:
+    # -- reads
+
+    def get(self, namespace: str, name: str) -> PodView | None:
+        """The pod from memory, or None (unknown, terminating, watch not healthy)."""
+        if not self._watch.synced.is_set():
+            return None
         with self._lock:
             pod = self._pods.get((namespace, name))
-        if pod is not None and not pod.deleted and self._healthy.is_set():
-            return pod
+        return None if pod is None or pod.deleted else pod
+
+    def fetch(self, namespace: str, name: str) -> PodView | None:
+        """A fresh read of one pod (one GET), kept when it is on this node."""
         pod = self._source.get_pod(namespace, name)
-        if pod is not None and pod.node_name == self._node:
-            with self._lock:
-                self._store(pod)
+        with self._lock:
+            if pod is not None and pod.node_name == self._node:
+                # The GET is the freshest knowledge; a later DELETED of an older uid is
+                # ignored by _apply.
+                pod = self._pods[(namespace, name)] = _slim(pod)
+            else:
+                self._pods.pop((namespace, name), None)
         return pod
 
+    def get_pod(self, namespace: str, name: str) -> PodView | None:
+        return self.get(namespace, name) or self.fetch(namespace, name)
+
     def list_node_pods(self, node_name: str) -> list[PodView]:
-        if node_name == self._node and self._healthy.is_set():
+        if node_name == self._node and self._watch.synced.is_set():
             with self._lock:
                 return list(self._pods.values())
         return self._source.list_node_pods(node_name)
 
-    # -- internals
+    # -- watch handlers (the watch thread)
 
-    def _store(self, pod: PodView) -> None:
-        # Only reached when the entry was missing, terminating or the watch unhealthy:
-        # the GET is then the freshest knowledge (a later DELETED of an older uid is
-        # ignored by _apply).
-        self._pods[(pod.namespace, pod.name)] = pod
+    def _view(self, obj: Mapping[str, Any]) -> PodView | None:
+        view = self._source.view(obj)
+        return _slim(view) if view.node_name == self._node else None
 
-    def _interrupt(self) -> None:
-        resp = self._resp
-        if resp is None:
-            return
-        # urllib3 >= 2.3 can unblock a read from another thread; older ones stop at
-        # the next event or at the server-side watch timeout.
-        with contextlib.suppress(Exception):
-            if hasattr(resp, "shutdown"):
-                resp.shutdown()
-
-    def _step(self) -> None:
-        """One pass: list when needed, then one watch. Whatever it raises goes to the
-        supervisor (logged, counted, a pause) and the next pass relists."""
-        try:
-            if self._rv is None:
-                self._rv = self._relist()
-            self._rv = self._watch(self._rv)
-        except _Gone:
-            log.info("pod watch of node %s expired (410); relisting", self._node)
-            self._rv = None
-        except Exception:
-            self._rv = None
-            if not self._stop.is_set():
-                self._healthy.clear()
-                raise
-
-    def _relist(self) -> str:
-        items, rv = self._source.list_node_pod_objects(self._node)
+    def _replace(self, items: Sequence[Mapping[str, Any]]) -> None:
         fresh = {}
         for obj in items:
-            view = self._source.view(obj)
-            fresh[(view.namespace, view.name)] = view
+            view = self._view(obj)
+            if view is not None:
+                fresh[(view.namespace, view.name)] = view
         with self._lock:
             self._pods = fresh
-        self.relists += 1
-        self._healthy.set()
-        return rv
 
-    def _watch(self, rv: str) -> str:
-        try:
-            resp = self._source.open_node_watch(self._node, rv, self._watch_timeout_s)
-        except k8s.ApiException as e:
-            if e.status == 410:
-                raise _Gone() from e
-            raise access_error(f"watch pods of node {self._node}", e) from e
-        except TRANSPORT_ERRORS as e:
-            raise KubeAccessError(f"watch pods of node {self._node}: {e}") from e
-        self._resp = resp
-        try:
-            if self._stop.is_set():
-                return rv
-            for line in _lines(resp):
-                if self._stop.is_set():
-                    break
-                rv = self._apply(json.loads(line), rv)
-        except TRANSPORT_ERRORS as e:
-            if self._stop.is_set():
-                return rv
-            raise KubeAccessError(f"watch pods of node {self._node}: {e}") from e
-        finally:
-            self._resp = None
-            # Close, never release: a watch connection that was shut down (or cut
-            # mid-stream) returned to the shared pool makes the next request hang.
-            with contextlib.suppress(Exception):
-                resp.close()
-        return rv
-
-    def _apply(self, event: Mapping[str, Any], rv: str) -> str:
-        etype = event.get("type")
-        obj = event.get("object") or {}
-        if etype == "ERROR":
-            code = obj.get("code")
-            if code == 410:
-                raise _Gone()
-            raise KubeAccessError(
-                f"watch pods of node {self._node}: {obj.get('message', 'error event')}"
-            )
-        new_rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
-        if etype == "BOOKMARK":
-            return new_rv
-        view = self._source.view(obj)
+    def _apply(self, etype: str, obj: Mapping[str, Any]) -> None:
+        view = self._view(obj)
+        if view is None:
+            return
         key = (view.namespace, view.name)
         with self._lock:
-            if etype in ("ADDED", "MODIFIED"):
+            if etype != "DELETED":
                 self._pods[key] = view
-            elif etype == "DELETED":
-                old = self._pods.get(key)
-                if old is not None and old.uid == view.uid:
-                    del self._pods[key]
-        return new_rv
+            elif (old := self._pods.get(key)) is not None and old.uid == view.uid:
+                del self._pods[key]

@@ -23,7 +23,7 @@ from typing import NoReturn
 
 import grpc
 
-from gpu_share.errors import AllocationError, GpuShareError, IdentityError, KubeAccessError
+from gpu_share.errors import GpuShareError, grpc_code_of
 from gpu_share.plugin import wire
 from gpu_share.plugin.handler import ResourceHandler
 from gpu_share.plugin.proto import deviceplugin_v1beta1_pb2 as dp
@@ -115,15 +115,10 @@ class ServeOptions:
 
 
 def status_for(exc: BaseException) -> grpc.StatusCode:
-    """The gRPC status code the kubelet sees for an error raised by a handler."""
-    if isinstance(exc, AllocationError):
-        if exc.reason == "NoFit":
-            return grpc.StatusCode.RESOURCE_EXHAUSTED
-        return grpc.StatusCode.INVALID_ARGUMENT
-    if isinstance(exc, IdentityError | KubeAccessError):
-        return grpc.StatusCode.UNAVAILABLE
+    """The gRPC status code the kubelet sees for an error raised by a handler
+    (``errors.REASONS`` and the error classes say which)."""
     if isinstance(exc, GpuShareError):
-        return grpc.StatusCode.FAILED_PRECONDITION
+        return grpc.StatusCode[grpc_code_of(exc)]
     return grpc.StatusCode.INTERNAL
 
 

@@ -21,7 +21,7 @@ from gpu_share.plugin import wire
 from gpu_share.plugin.proto import deviceplugin_v1beta1_pb2 as dp
 from gpu_share.sharing.ids import unit_id as _unit_id
 from gpu_share.sharing.inventory import Inventory
-from gpu_share.sharing.model import AdvertisedDevice, ResourceKind
+from gpu_share.sharing.model import AdvertisedDevice, PerKind, ResourceKind
 
 LISTANDWATCH_LIMIT_BYTES = 1 << 20
 KUBELET_MAX_MESSAGE_BYTES = 4 << 20
@@ -32,63 +32,10 @@ REASONS: dict[str, str] = {
     ProblemKind.DEVICE_LIST_TOO_LARGE: "DeviceListTooLarge",
 }
 
-# Rebuilds a resource's device list for another memory unit size (MiB).
-RebuildFn = Callable[[int], Sequence[AdvertisedDevice]]
-
-
 def listandwatch_message_size(devices: Sequence[AdvertisedDevice]) -> int:
     """Serialized size in bytes of the ListAndWatchResponse carrying ``devices``."""
     size: int = wire.list_and_watch_response(devices).ByteSize()
     return size
-
-
-def smallest_fitting_unit_mib(
-    rebuild: RebuildFn, current_unit_mib: int, limit_bytes: int = LISTANDWATCH_LIMIT_BYTES
-) -> int | None:
-    """Smallest power-of-two unit size (MiB) above ``current_unit_mib`` whose list fits.
-
-    The list only shrinks as the unit grows, so when the current size does not fit no
-    smaller one does; each step halves the list, so this costs little. None when even
-    ``MAX_UNIT_MIB`` does not fit.
-    """
-    unit = 1
-    while unit <= current_unit_mib:
-        unit *= 2
-    while unit <= MAX_UNIT_MIB:
-        if listandwatch_message_size(rebuild(unit)) <= limit_bytes:
-            return unit
-        unit *= 2
-    return None
-
-
-def check_listandwatch_size(
-    resource_name: str,
-    devices: Sequence[AdvertisedDevice],
-    *,
-    unit_mib: int | None = None,
-    rebuild: RebuildFn | None = None,
-    limit_bytes: int = LISTANDWATCH_LIMIT_BYTES,
-) -> int:
-    """Return the message size, or raise ``ConfigError`` when it exceeds ``limit_bytes``.
-
-    Pass ``unit_mib`` and ``rebuild`` for the memory resource to get a suggestion of the
-    smallest power-of-two ``memoryUnitMiB`` that fits.
-    """
-    size = listandwatch_message_size(devices)
-    if size <= limit_bytes:
-        return size
-    message = (
-        f"{resource_name}: the ListAndWatch device list would be {size} bytes for "
-        f"{len(devices)} devices, above the {limit_bytes}-byte limit (the kubelet drops "
-        f"lists over {KUBELET_MAX_MESSAGE_BYTES} bytes and the resource would vanish)"
-    )
-    if unit_mib is not None and rebuild is not None:
-        suggestion = smallest_fitting_unit_mib(rebuild, unit_mib, limit_bytes)
-        if suggestion is not None:
-            message += f"; set memoryUnitMiB to {suggestion} or more (now {unit_mib})"
-        else:
-            message += "; no memoryUnitMiB fits: use fewer devices per node"
-    raise ConfigError(message, reason="DeviceListTooLarge")
 
 
 # (uuid, number of units, numa node) of one physical device.
@@ -127,7 +74,8 @@ def check_unit_lists(
     unit_mib: int | None = None,
     limit_bytes: int = LISTANDWATCH_LIMIT_BYTES,
 ) -> int:
-    """Like ``check_listandwatch_size`` but computed from unit counts.
+    """Return the ListAndWatch message size of the unit lists, or raise ``ConfigError``
+    when it exceeds ``limit_bytes`` (computed from unit counts, not built lists).
 
     ``groups_for_unit(unit_mib)`` gives the devices' unit counts for a memory unit size
     (``None``: the configured one). Pass ``unit_mib`` for the memory resource to get the
@@ -198,14 +146,13 @@ def check_devices(cfg: AgentConfig, devices: Sequence[Device]) -> list[Problem]:
             "offer no memory; "
             f"set memoryUnitMiB to {max(first.memory_mib, 1)} or less",
         ))
-    for kind, resource in (
-        (ResourceKind.MEMORY, cfg.resources.memory_resource),
-        (ResourceKind.CORE, cfg.resources.core_resource),
-    ):
-        message = _list_problem(resource, kind, devices, unit)
+    resources = PerKind(cfg.resources.memory_resource, cfg.resources.core_resource)
+    # Only the memory list shrinks with a setting (the unit size): name it.
+    keys = PerKind("memoryUnitMiB", "")
+    for kind in ResourceKind:
+        message = _list_problem(resources[kind], kind, devices, unit)
         if message:
-            key = "memoryUnitMiB" if kind is ResourceKind.MEMORY else ""
-            problems.append(Problem(key, ProblemKind.DEVICE_LIST_TOO_LARGE, message))
+            problems.append(Problem(keys[kind], ProblemKind.DEVICE_LIST_TOO_LARGE, message))
     return problems
 
 
@@ -223,7 +170,7 @@ def _list_problem(
         resource,
         ids,
         groups,
-        unit_mib=unit_mib if kind is ResourceKind.MEMORY else None,
+        unit_mib=PerKind[int | None](unit_mib, None)[kind],
         limit_bytes=LISTANDWATCH_LIMIT_BYTES,
     )
     return message

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from gpu_share.sharing.ledger import Ledger, LedgerEntry, PodKey
 from gpu_share.sharing.model import (
     ContainerView,
+    PodResourcesPod,
     PodResourcesView,
     PodView,
     ResourceKind,
@@ -69,38 +70,50 @@ def resolve(
         view = pods.get(key)
         if view is None or view.terminal or view.deleted:
             continue
-        pr_containers = {c.name: c.devices for c in prp.containers}
-        if hint:
-            held = {i for c in prp.containers for i in c.devices.get(names.name_of(kind), ())}
-            if held & hint:
-                hinted_pods.add(key)
-        for order, c in enumerate(view.containers):
-            if c.request.empty:
-                continue
-            devs = pr_containers.get(c.name, {})
-            entry = ledger.find(view.namespace, view.name, c.name, view.uid)
-            if (
-                c.request.amount(kind) == size
-                and size > 0
-                and not _present(kind, devs, names, entry)
-            ):
-                candidates.append(IdentityMatch(view, c, order, entry, 0))
-                break
-            if any(
-                c.request.amount(k) > 0 and not _present(k, devs, names, entry)
-                for k in ResourceKind
-            ):
-                break  # an earlier container is still being admitted
+        if hint and _holds_any(prp, hint, names.name_of(kind)):
+            hinted_pods.add(key)
+        match = _waiting_container(view, prp, kind, size, ledger, names)
+        if match is not None:
+            candidates.append(match)
     if hinted_pods:
         narrowed = [m for m in candidates if (m.pod.namespace, m.pod.name) in hinted_pods]
         candidates = narrowed or candidates
     if not candidates:
         return None
-
-    def rank(m: IdentityMatch) -> tuple[int, float, str, str]:
-        open_entry = m.entry is not None
-        return (0 if open_entry else 1, m.pod.created_at, m.pod.namespace, m.pod.name)
-
-    candidates.sort(key=rank)
+    candidates.sort(key=_rank)
     best = candidates[0]
     return IdentityMatch(best.pod, best.container, best.order, best.entry, len(candidates) - 1)
+
+
+def _holds_any(prp: PodResourcesPod, hint: set[str], resource: str) -> bool:
+    return any(i in hint for c in prp.containers for i in c.devices.get(resource, ()))
+
+
+def _waiting_container(
+    view: PodView,
+    prp: PodResourcesPod,
+    kind: ResourceKind,
+    size: int,
+    ledger: Ledger,
+    names: ResourceNames,
+) -> IdentityMatch | None:
+    """The pod's first container still missing one of our resources, if it is the one
+    asking for ``size`` units of ``kind``."""
+    pr_containers = {c.name: c.devices for c in prp.containers}
+    for order, c in enumerate(view.containers):
+        if c.request.empty:
+            continue
+        devs = pr_containers.get(c.name, {})
+        entry = ledger.find(view.namespace, view.name, c.name, view.uid)
+        if c.request.amount(kind) == size and size > 0 and not _present(kind, devs, names, entry):
+            return IdentityMatch(view, c, order, entry, 0)
+        if any(
+            c.request.amount(k) > 0 and not _present(k, devs, names, entry) for k in ResourceKind
+        ):
+            return None  # an earlier container is still being admitted
+    return None
+
+
+def _rank(m: IdentityMatch) -> tuple[int, float, str, str]:
+    open_entry = m.entry is not None
+    return (0 if open_entry else 1, m.pod.created_at, m.pod.namespace, m.pod.name)

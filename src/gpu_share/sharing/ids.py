@@ -18,7 +18,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from gpu_share.errors import AllocationError
+from gpu_share.errors import AllocationError, AllocationReason
 from gpu_share.sharing.model import ResourceKind
 
 SEPARATOR = "::"
@@ -34,7 +34,7 @@ SHOWN_CHARS = 80  # of tenant-/kubelet-supplied text in an error message
 _UUID_RE = re.compile(r"[A-Za-z0-9._/-]+")
 _ID_RE = re.compile(r"([A-Za-z0-9._/-]+)::(mem|core)::(0|[1-9][0-9]*)")
 
-REASON_BAD_ID = "UnknownDevice"
+REASON_BAD_ID = AllocationReason.UNKNOWN_DEVICE
 
 
 def show(s: object, limit: int = SHOWN_CHARS) -> str:
@@ -118,3 +118,18 @@ def devices_of(ids: Iterable[str]) -> set[str]:
 
 def count_by_device(ids: Iterable[str]) -> dict[str, int]:
     return {d: len(us) for d, us in group_by_device(ids).items()}
+
+
+def device_of(unit: str) -> str:
+    """The device uuid of an id already known to be canonical (held, offered, or listed
+    after ``parse_unit_ids``): a split, no validation (the per-call hot path)."""
+    return unit.partition(SEPARATOR)[0]
+
+
+def tally_devices(ids: Iterable[str]) -> dict[str, int]:
+    """How many of the (canonical) ``ids`` are on each device, in first-seen order."""
+    out: dict[str, int] = {}
+    for unit in ids:
+        d = device_of(unit)
+        out[d] = out.get(d, 0) + 1
+    return out

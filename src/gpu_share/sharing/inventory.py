@@ -6,9 +6,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from gpu_share.devices.base import Device
-from gpu_share.errors import AllocationError
+from gpu_share.errors import AllocationError, AllocationReason
 from gpu_share.sharing.ids import unit_id
-from gpu_share.sharing.model import AdvertisedDevice, ResourceKind
+from gpu_share.sharing.model import AdvertisedDevice, PerKind, ResourceKind
 
 CORES_PER_DEVICE = 100
 
@@ -40,7 +40,7 @@ class DeviceCapacity:
         return self.device.model
 
     def total(self, kind: ResourceKind) -> int:
-        return self.memory_units if kind is ResourceKind.MEMORY else self.cores
+        return PerKind(self.memory_units, self.cores)[kind]
 
     def unit_ids(self, kind: ResourceKind) -> list[str]:
         return [unit_id(self.uuid, kind, i) for i in range(self.total(kind))]
@@ -72,7 +72,9 @@ class Inventory:
     def require(self, uuid: str) -> DeviceCapacity:
         d = self._by_uuid.get(uuid)
         if d is None:
-            raise AllocationError(f"device {uuid!r} is not on this node", reason="UnknownDevice")
+            raise AllocationError(
+                f"device {uuid!r} is not on this node", reason=AllocationReason.UNKNOWN_DEVICE
+            )
         return d
 
     def with_health(self, uuid: str, healthy: bool) -> Inventory:

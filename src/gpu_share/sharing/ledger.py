@@ -17,13 +17,14 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from gpu_share.errors import AllocationError, LedgerError
-from gpu_share.sharing.ids import parse_unit_ids, valid_uuid
+from gpu_share.sharing.ids import device_of, parse_unit_ids, tally_devices, valid_uuid
 from gpu_share.sharing.inventory import Inventory
 from gpu_share.sharing.model import (
     ContainerKind,
     ContainerRef,
     ContainerRequest,
     DeviceShare,
+    PerKind,
     ResourceKind,
 )
 
@@ -69,11 +70,18 @@ class LedgerEntry:
     def degraded(self) -> bool:
         return self.source is EntrySource.DEGRADED
 
+    @property
+    def known_ref(self) -> ContainerRef | None:
+        """The ref errors and Events name: None for a blind (degraded) entry."""
+        return None if self.degraded else self.ref
+
     def ids(self, kind: ResourceKind) -> tuple[str, ...]:
-        return self.memory_ids if kind is ResourceKind.MEMORY else self.core_ids
+        ids: tuple[str, ...] = getattr(self, _IDS[kind])
+        return ids
 
     def offered(self, kind: ResourceKind) -> tuple[str, ...]:
-        return self.offered_memory_ids if kind is ResourceKind.MEMORY else self.offered_core_ids
+        ids: tuple[str, ...] = getattr(self, _OFFERED[kind])
+        return ids
 
     def allocated(self, kind: ResourceKind) -> bool:
         return bool(self.ids(kind))
@@ -95,16 +103,16 @@ class LedgerEntry:
         return any(s.exclusive for s in self.shares)
 
     def with_ids(self, kind: ResourceKind, ids: Iterable[str], now: float) -> LedgerEntry:
-        t = tuple(sorted(ids))
-        if kind is ResourceKind.MEMORY:
-            return replace(self, memory_ids=t, updated_at=now)
-        return replace(self, core_ids=t, updated_at=now)
+        changes: dict[str, Any] = {_IDS[kind]: tuple(sorted(ids)), "updated_at": now}
+        return replace(self, **changes)
 
     def with_offer(self, kind: ResourceKind, ids: Iterable[str], now: float) -> LedgerEntry:
-        t = tuple(ids)
-        if kind is ResourceKind.MEMORY:
-            return replace(self, offered_memory_ids=t, updated_at=now)
-        return replace(self, offered_core_ids=t, updated_at=now)
+        changes: dict[str, Any] = {_OFFERED[kind]: tuple(ids), "updated_at": now}
+        return replace(self, **changes)
+
+
+_IDS = PerKind("memory_ids", "core_ids")
+_OFFERED = PerKind("offered_memory_ids", "offered_core_ids")
 
 
 @dataclass
@@ -118,7 +126,7 @@ class DeviceUsage:
     exclusive_pods: set[PodKey] = field(default_factory=set)
 
     def used(self, kind: ResourceKind) -> int:
-        return self.memory_used if kind is ResourceKind.MEMORY else self.cores_used
+        return PerKind(self.memory_used, self.cores_used)[kind]
 
 
 class Ledger:
@@ -203,36 +211,42 @@ class Ledger:
         held: dict[tuple[str, ResourceKind], set[str]] = {}
         reserved: dict[tuple[str, ResourceKind], int] = {}
         for e in self._entries.values():
-            for kind in ResourceKind:
-                for u in parse_unit_ids(e.ids(kind)):
-                    held.setdefault((u.device, kind), set()).add(str(u))
-                    if u.device in out:
-                        out[u.device].pods.add(e.pod_key)
-            for s in e.shares:
-                if s.device not in out:
-                    continue
-                out[s.device].pods.add(e.pod_key)
-                if s.exclusive:
-                    out[s.device].exclusive_pods.add(e.pod_key)
-                for kind in ResourceKind:
-                    if e.allocated(kind):
-                        continue
-                    amount = s.memory_units if kind is ResourceKind.MEMORY else s.cores
-                    pool = {u for u in self.reuse_pool(e, kind) if u.startswith(s.device + "::")}
-                    need = max(0, amount - len(pool))
-                    reserved[(s.device, kind)] = reserved.get((s.device, kind), 0) + need
+            _count_held(e, out, held)
+            _count_shares(e, out)
+            self._count_reserved(e, out, reserved)
         for d in inventory.devices:
             du = out[d.uuid]
             if du.exclusive_pods:
                 du.memory_used, du.cores_used = d.memory_units, d.cores
                 continue
-            du.memory_used = len(held.get((d.uuid, ResourceKind.MEMORY), ())) + reserved.get(
-                (d.uuid, ResourceKind.MEMORY), 0
-            )
-            du.cores_used = len(held.get((d.uuid, ResourceKind.CORE), ())) + reserved.get(
-                (d.uuid, ResourceKind.CORE), 0
-            )
+            du.memory_used, du.cores_used = _used(d.uuid, held, reserved).values()
         return out
+
+    def _count_reserved(
+        self,
+        e: LedgerEntry,
+        out: dict[str, DeviceUsage],
+        reserved: dict[tuple[str, ResourceKind], int],
+    ) -> None:
+        """A decided, not yet allocated kind reserves its share, less the reuse pool the
+        kubelet will hand the container on that device."""
+        for kind in ResourceKind:
+            if e.allocated(kind):
+                continue
+            pool = tally_devices(self.reuse_pool(e, kind))
+            for s in e.shares:
+                if s.device in out:
+                    key = (s.device, kind)
+                    need = max(0, s.amount(kind) - pool.get(s.device, 0))
+                    reserved[key] = reserved.get(key, 0) + need
+
+    # -- absence (pods the kubelet no longer lists) -------------------------------
+    def mark_present(self, key: PodKey) -> None:
+        self.absent_since.pop(key, None)
+
+    def absent_for(self, key: PodKey, now: float) -> float:
+        """Seconds since ``key`` was first seen absent (0 the first time)."""
+        return now - self.absent_since.setdefault(key, now)
 
     # -- persistence --------------------------------------------------------------
     def to_json(self) -> str:
@@ -319,6 +333,34 @@ class Ledger:
                                   f"containers ({who})")
                 )
         return out
+
+
+def _count_held(
+    e: LedgerEntry, out: dict[str, DeviceUsage], held: dict[tuple[str, ResourceKind], set[str]]
+) -> None:
+    # A unit counts once however many entries hold it (init-container reuse).
+    for kind in ResourceKind:
+        for unit in e.ids(kind):
+            dev = device_of(unit)
+            held.setdefault((dev, kind), set()).add(unit)
+            if dev in out:
+                out[dev].pods.add(e.pod_key)
+
+
+def _used(
+    uuid: str,
+    held: dict[tuple[str, ResourceKind], set[str]],
+    reserved: dict[tuple[str, ResourceKind], int],
+) -> PerKind[int]:
+    return PerKind.build(lambda k: len(held.get((uuid, k), ())) + reserved.get((uuid, k), 0))
+
+
+def _count_shares(e: LedgerEntry, out: dict[str, DeviceUsage]) -> None:
+    for s in e.shares:
+        if s.device in out:
+            out[s.device].pods.add(e.pod_key)
+            if s.exclusive:
+                out[s.device].exclusive_pods.add(e.pod_key)
 
 
 MALFORMED = "LedgerMalformed"  # not JSON, wrong version, wrong types, non-canonical ids

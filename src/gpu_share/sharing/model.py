@@ -7,9 +7,13 @@ response from ``AllocateSpec``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+U = TypeVar("U")
 
 
 class ResourceKind(StrEnum):
@@ -17,6 +21,35 @@ class ResourceKind(StrEnum):
 
     MEMORY = "memory"  # memory units of ``memoryUnitMiB`` each
     CORE = "core"  # percent of one device's cores; 100 per device
+
+
+@dataclass(frozen=True)
+class PerKind(Generic[T]):
+    """One value per resource kind: the only place that tells memory from core."""
+
+    memory: T
+    core: T
+
+    def __getitem__(self, kind: ResourceKind) -> T:
+        return self.memory if kind is ResourceKind.MEMORY else self.core
+
+    def set(self, kind: ResourceKind, value: T) -> PerKind[T]:
+        return replace(self, **{_FIELD[kind]: value})
+
+    def values(self) -> tuple[T, T]:
+        return (self.memory, self.core)
+
+    def map(self, fn: Callable[[T], U]) -> PerKind[U]:
+        return PerKind(fn(self.memory), fn(self.core))
+
+    @staticmethod
+    def build(fn: Callable[[ResourceKind], U]) -> PerKind[U]:
+        return PerKind(fn(ResourceKind.MEMORY), fn(ResourceKind.CORE))
+
+
+_FIELD = {ResourceKind.MEMORY: "memory", ResourceKind.CORE: "core"}
+# Field names of the per-kind amounts in ContainerRequest and DeviceShare.
+_AMOUNT = PerKind("memory_units", "cores")
 
 
 class ContainerKind(StrEnum):
@@ -47,7 +80,10 @@ class ContainerRequest:
     cores: int = 0
 
     def amount(self, kind: ResourceKind) -> int:
-        return self.memory_units if kind is ResourceKind.MEMORY else self.cores
+        return int(getattr(self, _AMOUNT[kind]))
+
+    def with_amount(self, kind: ResourceKind, amount: int) -> ContainerRequest:
+        return replace(self, **{_AMOUNT[kind]: amount})
 
     @property
     def empty(self) -> bool:
@@ -94,7 +130,7 @@ class ResourceNames:
     core: str
 
     def name_of(self, kind: ResourceKind) -> str:
-        return self.memory if kind is ResourceKind.MEMORY else self.core
+        return PerKind(self.memory, self.core)[kind]
 
     def kind_of(self, resource: str) -> ResourceKind | None:
         if resource == self.memory:
@@ -137,6 +173,13 @@ class DeviceShare:
     memory_units: int
     cores: int
     exclusive: bool = False  # whole device, nobody else may hold any unit of it
+
+    def amount(self, kind: ResourceKind) -> int:
+        return int(getattr(self, _AMOUNT[kind]))
+
+    def with_amount(self, kind: ResourceKind, amount: int) -> DeviceShare:
+        changes: dict[str, Any] = {_AMOUNT[kind]: amount}
+        return replace(self, **changes)
 
 
 @dataclass(frozen=True)

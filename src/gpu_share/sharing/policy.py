@@ -94,10 +94,6 @@ def get_policy(name: PlacementPolicyName | str) -> PlacementPolicy:
 make_policy = get_policy  # the agent's name for it
 
 
-def register_policy(policy: PlacementPolicy) -> None:
-    _REGISTRY[policy.name] = policy
-
-
 def choose_whole_devices(free: Sequence[DeviceState], count: int) -> list[DeviceState] | None:
     """``count`` wholly free devices for an exclusive request, preferring one NUMA node.
 

@@ -25,8 +25,10 @@ _DECIMAL = {
     "P": Fraction(10**15),
     "E": Fraction(10**18),
 }
+# ASCII only: \d would also take other scripts' digits ("٣" read as 3).
 _QUANTITY = re.compile(
-    r"^([+-]?(?:\d+\.?\d*|\.\d+))(?:([eE][+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]))?$"
+    r"^([+-]?(?:\d+\.?\d*|\.\d+))(?:([eE][+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]))?$",
+    re.ASCII,
 )
 MIB = 2**20
 # The API server stores quantities canonically (short, small exponents); anything longer

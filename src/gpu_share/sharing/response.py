@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from gpu_share.config.model import DeviceListStrategy, EnforcementMode, RuntimeConfig
 from gpu_share.devices.base import Device, RuntimeNaming
-from gpu_share.errors import AllocationError
+from gpu_share.errors import AllocationError, AllocationReason
 from gpu_share.sharing.ledger import LedgerEntry
 from gpu_share.sharing.model import AllocateSpec, DeviceNodeSpec, DeviceShare, Mount
 
@@ -42,7 +42,7 @@ HAMI_PRELOAD_IN_CONTAINER = "/etc/ld.so.preload"
 
 # AllocationError reason: a container with cores but no memory units under an enforcing
 # mode, where it would get unlimited device memory (over-committing others' units).
-MEMORY_REQUIRED = "MemoryRequired"
+MEMORY_REQUIRED = AllocationReason.MEMORY_REQUIRED
 ENFORCING_MODES = frozenset({EnforcementMode.MPS, EnforcementMode.HAMI_CORE})
 
 # One path component: what the API server allows in UIDs and container names, bounded.
@@ -75,14 +75,13 @@ def check_enforceable(
         and req.memory_units == 0
         and not entry.degraded
     ):
-        exc = AllocationError(
+        raise AllocationError(
             f"requests {req.cores} cores but no {memory_resource}: under enforcement "
             f"{enforcement.value!r} a container requesting cores must also request "
             f"{memory_resource} (its device-memory limit; a whole device: all its units)",
             reason=MEMORY_REQUIRED,
+            ref=entry.ref,
         )
-        exc.ref = entry.ref
-        raise exc
 
 
 def _memory_mib(share: DeviceShare, device: Device, unit_mib: int) -> int:
@@ -125,7 +124,9 @@ def build_allocate_spec(
     for s in entry.shares:
         d = devices.get(s.device)
         if d is None:
-            raise AllocationError(f"device {s.device} is not on this node", reason="UnknownDevice")
+            raise AllocationError(
+                f"device {s.device} is not on this node", reason=AllocationReason.UNKNOWN_DEVICE
+            )
         shares.append((d, s))
     shares.sort(key=lambda p: (p[0].index, p[0].uuid))
     uuids = [d.uuid for d, _ in shares]

@@ -1,0 +1,64 @@
+"""Degraded ("blind") decisions: a call whose container cannot be named.
+
+A blind decision of one kind may be paired with the next call of the other kind (the
+kubelet admits one container's resources back to back), within a time window and only
+while no newer pod appeared in PodResources.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gpu_share.sharing.ids import parse_unit_ids
+from gpu_share.sharing.ledger import Ledger, LedgerEntry, PodKey
+from gpu_share.sharing.model import ContainerRef, PodResourcesView, ResourceKind
+
+
+class BlindPairing:
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        # The pods PodResources listed at this call (None: unreachable), and at each
+        # open blind decision (pairing never crosses into a newer pod).
+        self._call_pods: frozenset[PodKey] | None = None
+        self._blind_pods: dict[ContainerRef, frozenset[PodKey]] = {}
+
+    def begin_call(self, pr: PodResourcesView | None) -> None:
+        self._call_pods = None if pr is None else frozenset((p.namespace, p.name) for p in pr.pods)
+
+    def partner(
+        self, ledger: Ledger, kind: ResourceKind, must_include: Sequence[str], now: float
+    ) -> LedgerEntry | None:
+        """The immediately preceding blind decision of the other kind, if this call may
+        complete it."""
+        latest = max(
+            (e for e in ledger.entries if e.degraded), key=lambda e: e.updated_at, default=None
+        )
+        if latest is None:
+            return None
+        forced = {u.device for u in parse_unit_ids(must_include)}
+        ok = (
+            now - latest.updated_at < self.window_s
+            and latest.request.amount(kind) == 0
+            and not latest.exclusive
+            and len(latest.shares) == 1
+            and (not forced or forced == {latest.shares[0].device})
+            and self._same_pod_admission(latest.ref)
+        )
+        return latest if ok else None
+
+    def remember(self, ref: ContainerRef, ledger: Ledger) -> None:
+        """A new blind decision ``ref``: note the pods listed now."""
+        self._blind_pods = {
+            r: ps for r, ps in self._blind_pods.items() if ledger.get(r) is not None
+        }
+        if self._call_pods is not None:
+            self._blind_pods[ref] = self._call_pods
+
+    def _same_pod_admission(self, ref: ContainerRef) -> bool:
+        """No pod appeared in PodResources since the blind decision ``ref``: the kubelet
+        admits one pod at a time and lists it before admitting it, so a new pod means
+        this call is for a later pod, whose container must not take over (and be told)
+        ``ref``'s other resource. Unknown (PodResources unreachable): pair as before."""
+        then = self._blind_pods.get(ref)
+        now = self._call_pods
+        return then is None or now is None or now <= then

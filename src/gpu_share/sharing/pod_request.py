@@ -1,0 +1,232 @@
+"""What a pod asks of gpu-share, read from its JSON form: the one parser (pure).
+
+The agent (through ``kube/pods``), the extender's filter/bind (``extender/core``) and the
+extender's cluster view (``kube/cluster_view``) all read a pod's requests here:
+
+- per container, in kubelet admission order (init containers, restartable ones being
+  sidecars, then app containers), the amounts of our two extended resources. Limits
+  are authoritative (the API server makes requests equal them); a request alone counts
+  when no limit names the resource. An amount must be a whole, non-negative quantity
+  of at most ``MAX_AMOUNT`` ("4", 4, "1k").
+- for placement, the host CPU/memory the scheduler reserves (``quantity``) and the GPU
+  models the pod accepts (``model_req``).
+
+Pods are tenant input: counts and sizes are bounded, and anything malformed is a
+``PodRequestError`` (a ``ValueError``) naming where, never another exception.
+``parse_pod_request`` raises it; ``read_pod_request`` counts the malformed part as
+"nothing asked" and lists the errors in ``problems`` (the API server validated the
+pod already, so this only guards a watch against a surprise).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpu_share.sharing.model import ContainerKind, ContainerRequest, ContainerView
+from gpu_share.sharing.model_req import DEFAULT_MODEL_LABEL, pod_models
+from gpu_share.sharing.placement import ANY_MODEL, Demand, ModelReq, PodDemand
+from gpu_share.sharing.quantity import QuantityError, parse_quantity, pod_host_request
+
+__all__ = [
+    "MAX_AMOUNT",
+    "MAX_CONTAINERS",
+    "PodRequest",
+    "PodRequestError",
+    "amount",
+    "parse_pod_request",
+    "read_pod_request",
+]
+
+MAX_AMOUNT = 10**12  # units of one resource in one container; real asks are far below
+# Init plus app containers of one pod; the API server allows far fewer in practice.
+MAX_CONTAINERS = 1024
+_MAX_ECHO = 40  # characters of tenant input quoted in an error
+
+
+class PodRequestError(ValueError):
+    """A pod's request is malformed; ``str(e)`` is a short reason naming where."""
+
+
+@dataclass(frozen=True)
+class PodRequest:
+    """A pod's ask: every container in admission order, and for placement the host
+    CPU (millicores) and memory (MiB) and the models it accepts."""
+
+    containers: tuple[ContainerView, ...] = ()  # zero amounts: nothing of ours asked
+    cpu: int = 0
+    memory: int = 0
+    models: ModelReq = ANY_MODEL
+    problems: tuple[PodRequestError, ...] = ()
+
+    @property
+    def asking(self) -> dict[str, ContainerRequest]:
+        """Container name -> request, for the containers asking for any of ours (one
+        per name: the API server refuses duplicate names, a direct caller may not)."""
+        return {c.name: c.request for c in self.containers if not c.request.empty}
+
+    @property
+    def uses_ours(self) -> bool:
+        return any(not c.request.empty for c in self.containers)
+
+    def demand(self) -> PodDemand:
+        """The placement policy's view of this ask."""
+        return PodDemand(
+            tuple(Demand(n, r.memory_units, r.cores) for n, r in self.asking.items()),
+            cpu=self.cpu,
+            host_memory=self.memory,
+            models=self.models,
+        )
+
+
+def _echo(value: Any) -> str:
+    return repr(str(value)[:_MAX_ECHO])
+
+
+def amount(value: Any, where: str) -> int:
+    """One extended-resource quantity as a whole number of units."""
+    if value is None:
+        return 0
+    if isinstance(value, str) and not value.isascii():
+        # parse_quantity's \d also matches other scripts' digits ("٣" would be 3).
+        raise PodRequestError(f"{where}: not a quantity: {_echo(value)}")
+    try:
+        q = parse_quantity(value)
+    except QuantityError as e:
+        raise PodRequestError(f"{where}: {e}") from None
+    if q < 0 or q.denominator != 1 or q > MAX_AMOUNT:
+        raise PodRequestError(
+            f"{where}: must be a whole number from 0 to {MAX_AMOUNT}, got {_echo(value)}"
+        )
+    return int(q)
+
+
+def _mapping(value: Any, where: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise PodRequestError(f"{where}: must be an object")
+    return value
+
+
+def _amounts(resources: Any, where: str, name: str) -> tuple[Any, str]:
+    """The raw quantity asked for ``name`` and where it was found."""
+    res = _mapping(resources, where)
+    limits = _mapping(res.get("limits"), f"{where}.limits")
+    if name in limits:
+        return limits[name], f"{where}.limits[{name!r}]"
+    requests = _mapping(res.get("requests"), f"{where}.requests")
+    return requests.get(name), f"{where}.requests[{name!r}]"
+
+
+def _request(
+    c: Mapping[str, Any], where: str, memory: str, core: str, problems: list[PodRequestError] | None
+) -> ContainerRequest:
+    """The container's request; with ``problems`` a malformed amount counts as 0."""
+    got: list[int] = []
+    for name in (memory, core):
+        try:
+            raw, at = _amounts(c.get("resources"), f"{where}.resources", name)
+            got.append(amount(raw, at))
+        except PodRequestError as e:
+            if problems is None:
+                raise
+            problems.append(e)
+            got.append(0)
+    return ContainerRequest(got[0], got[1])
+
+
+def _containers(spec: Mapping[str, Any]) -> Iterator[tuple[Mapping[str, Any], str, ContainerKind]]:
+    """(container, where, kind) in admission order; raises on a malformed list."""
+    seen = 0
+    for field in ("initContainers", "containers"):
+        items = spec.get(field) or []
+        if not isinstance(items, list):
+            raise PodRequestError(f"spec.{field}: must be a list")
+        seen += len(items)
+        if seen > MAX_CONTAINERS:
+            raise PodRequestError(f"more than {MAX_CONTAINERS} containers")
+        for i, c in enumerate(items):
+            if not isinstance(c, Mapping):
+                raise PodRequestError(f"spec.{field}[{i}]: must be an object")
+            kind = ContainerKind.APP
+            if field == "initContainers":
+                sidecar = c.get("restartPolicy") == "Always"
+                kind = ContainerKind.SIDECAR if sidecar else ContainerKind.INIT
+            yield c, f"spec.{field}[{i}]", kind
+
+
+def _asks(
+    pod: Mapping[str, Any], memory: str, core: str, problems: list[PodRequestError] | None
+) -> tuple[ContainerView, ...]:
+    spec = _mapping(pod.get("spec"), "spec")
+    return tuple(
+        ContainerView(str(c.get("name", "")), kind, _request(c, where, memory, core, problems))
+        for c, where, kind in _containers(spec)
+    )
+
+
+def _host(pod: Mapping[str, Any]) -> tuple[int, int]:
+    try:
+        return pod_host_request(pod)
+    except (QuantityError, TypeError, AttributeError) as e:  # a malformed spec or amount
+        raise PodRequestError(f"host request: {str(e)[:200]}") from None
+
+
+def _models(pod: Mapping[str, Any], domain: str, model_label: str) -> ModelReq:
+    try:
+        return pod_models(pod, model_label, domain)
+    except (ValueError, TypeError, AttributeError) as e:
+        raise PodRequestError(f"models: {str(e)[:200]}") from None
+
+
+def parse_pod_request(
+    pod: Mapping[str, Any],
+    memory: str,
+    core: str,
+    *,
+    domain: str = "",
+    model_label: str = DEFAULT_MODEL_LABEL,
+    placement: bool = True,
+) -> PodRequest:
+    """The pod's ask; raises ``PodRequestError`` on anything malformed. ``memory`` and
+    ``core`` are the full resource names; ``placement=False`` skips the host request
+    and models (what the node agent does not need)."""
+    containers = _asks(pod, memory, core, None)
+    if not placement:
+        return PodRequest(containers)
+    cpu, host_memory = _host(pod)
+    return PodRequest(containers, cpu, host_memory, _models(pod, domain, model_label))
+
+
+def read_pod_request(
+    pod: Mapping[str, Any],
+    memory: str,
+    core: str,
+    *,
+    domain: str = "",
+    model_label: str = DEFAULT_MODEL_LABEL,
+    placement: bool = True,
+) -> PodRequest:
+    """``parse_pod_request`` that never raises: a malformed amount counts as 0, a
+    malformed host request as (0, 0), malformed models as any model, a malformed
+    container list as none; each is listed in ``problems``."""
+    problems: list[PodRequestError] = []
+    try:
+        containers = _asks(pod, memory, core, problems)
+    except PodRequestError as e:
+        containers, problems = (), [*problems, e]
+    if not placement:
+        return PodRequest(containers, problems=tuple(problems))
+    host, models = (0, 0), ANY_MODEL
+    try:
+        host = _host(pod)
+    except PodRequestError as e:
+        problems.append(e)
+    try:
+        models = _models(pod, domain, model_label)
+    except PodRequestError as e:
+        problems.append(e)
+    return PodRequest(containers, host[0], host[1], models, tuple(problems))
+
