@@ -285,6 +285,7 @@ Service: HTTPS requiring a client certificate of the CA in ca.crt; probed by TCP
     - --key-file={{ $root.Values.scheduler.decisionKey.mountPath }}/key
     - --policy={{ $ext.policy }}
     - --default-workload={{ $ext.defaultWorkload }}
+    - --model-label={{ $ext.modelLabel }}
     - --max-body-bytes={{ int $ext.maxBodyBytes }}
     - --read-timeout-seconds={{ $ext.readTimeoutSeconds }}
     - --idle-timeout-seconds={{ $ext.idleTimeoutSeconds }}
