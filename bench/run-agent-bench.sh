@@ -11,8 +11,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . hack/lib/venv.sh
+LOG_PREFIX=agent-bench
+. hack/lib/common.sh
 ensure_venv
-LOCK=${GPU_SHARE_CLUSTER_LOCK:-/tmp/gpu-share-cluster.lock}
 OUT_DIR=${OUT_DIR:-/tmp/gsb-results}
 PEER=${PEER_BIN:-${GPU_SHARE_CACHE:-$HOME/.cache/gpu-share}/bench/peer}
 mkdir -p "$OUT_DIR"
@@ -28,14 +29,12 @@ fi
 if [[ -z "${SKIP_CLUSTER:-}" ]]; then
   echo "== building the Go peer (sample device plugin, N devices)"
   bash bench/agent/build-peer.sh "$PEER"
-  eval "$(bash hack/local-up-cluster.sh env)"
-  echo "== waiting for the cluster lock $LOCK"
-  flock "$LOCK" bash -c '
-    set -euo pipefail
-    bash hack/local-up-cluster.sh status >/dev/null || bash hack/local-up-cluster.sh up
-    echo "== cluster benchmark (lock held; load averages: $(cut -d" " -f1-3 /proc/loadavg))"
-    python -m bench.agent.cluster --peer "$0" --rounds "${ROUNDS:-3}" --pods "${PODS:-50}" \
-      --allocations "${ALLOCATIONS:-1000}" --json "$1/cluster.json"
-  ' "$PEER" "$OUT_DIR"
+  echo "== waiting for the cluster lock $CLUSTER_LOCK"
+  take_cluster_lock
+  bash hack/local-up-cluster.sh status >/dev/null || bash hack/local-up-cluster.sh up
+  echo "== cluster benchmark (lock held; load averages: $(cut -d' ' -f1-3 /proc/loadavg))"
+  python -m bench.agent.cluster --peer "$PEER" --rounds "${ROUNDS:-3}" --pods "${PODS:-50}" \
+    --allocations "${ALLOCATIONS:-1000}" --json "$OUT_DIR/cluster.json"
+  release_cluster_lock
   echo "== done; load averages: $(cut -d' ' -f1-3 /proc/loadavg)"
 fi

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import fcntl
 import os
 import random
 import subprocess
@@ -29,7 +28,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -145,19 +144,6 @@ def _log(msg: str) -> None:
     print(f"[soak {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def _take_lock(path: str, timeout_s: float) -> IO[str]:
-    fh = open(path, "w")  # noqa: SIM115 - held for the whole run
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return fh
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                raise SystemExit(f"{path} still held after {timeout_s:.0f}s") from None
-            time.sleep(2)
-
-
 def _sh(*args: str, timeout: float = 900) -> str:
     proc = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
@@ -167,13 +153,12 @@ def _sh(*args: str, timeout: float = 900) -> str:
 
 def _prepare() -> tuple[Any, bool]:
     """Cluster up, image built and imported, chart installed; (Kube, installed_here)."""
-    from tests.e2e.support import AGENT_NS, BUILD_SCRIPT, CLUSTER_SCRIPT, Kube, parse_env
+    from tests.e2e.support import AGENT_NS, Kube
+    from tests.harness import BUILD_SCRIPT, CLUSTER_SCRIPT, cluster_info, helm_path
 
     _sh("bash", str(CLUSTER_SCRIPT), "up", timeout=80 * 60)
     _sh("bash", str(BUILD_SCRIPT), timeout=40 * 60)  # builds if needed, imports
-    tools = _sh("bash", str(REPO / "hack" / "install-tools.sh"), timeout=600)
-    paths = dict(w.split("=", 1) for w in tools.split() if "=" in w)
-    kube = Kube(env=parse_env(_sh("bash", str(CLUSTER_SCRIPT), "env")), helm_bin=paths["helm3"])
+    kube = Kube(env=cluster_info().env, helm_bin=helm_path(3))
     if kube.kubectl("get", "namespace", AGENT_NS, check=False).returncode != 0:
         kube.kubectl("create", "namespace", AGENT_NS)
     kube.kubectl(
@@ -244,7 +229,8 @@ def _sample(kube: Any, pid: int | None, t0: float) -> tuple[Sample | None, int |
 
 
 def _restart_agent(kube: Any) -> None:
-    from tests.e2e.support import AGENT_NS, wait_until
+    from tests.e2e.support import AGENT_NS
+    from tests.harness import wait_until
 
     old = kube.ready_agent()
     if old is None:
@@ -260,9 +246,13 @@ def _restart_agent(kube: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tests.e2e.support import LOCK_FILE, assert_consistent, cluster, wait_until
+    from tests.e2e.support import assert_consistent
+    from tests.harness import acquire_lock, cluster_cmd, release_lock, wait_until
 
-    lock = _take_lock(LOCK_FILE, args.lock_timeout)
+    try:
+        acquire_lock(args.lock_timeout, on_wait=lambda: _log("waiting for the cluster lock"))
+    except TimeoutError as exc:
+        raise SystemExit(str(exc)) from None
     kube, installed_here = _prepare()
     kube.create_namespace(NS)
     churn = Churn(random.Random(args.seed))
@@ -289,7 +279,7 @@ def run(args: argparse.Namespace) -> int:
                     pid = None
                 elif now >= next_kubelet:
                     _log("restarting the kubelet")
-                    cluster("restart-kubelet", timeout=300)
+                    cluster_cmd("restart-kubelet", timeout=300)
                     restarts["kubelet"] += 1
                     next_kubelet = time.monotonic() + args.kubelet_restart_every
                 _churn_step(kube, churn, args.pods, args.max_pods)
@@ -361,8 +351,7 @@ def run(args: argparse.Namespace) -> int:
     kube.delete_namespace(NS)
     if installed_here:
         kube.uninstall()
-    fcntl.flock(lock, fcntl.LOCK_UN)
-    lock.close()
+    release_lock()
     print(
         f"soak: {(time.monotonic() - t0) / 60:.1f} min, {churn.created} pods created, "
         f"{churn.refused} refused at admission, {restarts['agent']} agent restarts, "

@@ -28,6 +28,9 @@
 set -euo pipefail
 
 HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+LOG_PREFIX=build-image
+# shellcheck source=hack/lib/common.sh
+. "${HACK_DIR}/lib/common.sh"
 REPO_ROOT="$(cd "${HACK_DIR}/.." && pwd)"
 CACHE_DIR="${GPU_SHARE_CACHE:-$HOME/.cache/gpu-share}"
 IMAGES_DIR="${CACHE_DIR}/images"
@@ -36,9 +39,6 @@ MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 STORAGE_DRIVER="${BUILDAH_STORAGE_DRIVER:-vfs}"
 BASE_PACKAGES="python3,python3-pip,python3-venv,ca-certificates"
 BUILDAH=(buildah --storage-driver "${STORAGE_DRIVER}")
-
-log() { echo "[build-image $(date +%H:%M:%S)] $*" >&2; }
-die() { echo "[build-image] ERROR: $*" >&2; exit 1; }
 
 # The base image's recipe: everything that decides its content. Changing any line here
 # (packages, suite, post-steps) gives a new hash, hence a new base image.
@@ -81,25 +81,6 @@ ensure_tools() {
 
 has_image() { "${BUILDAH[@]}" inspect --type image "$1" >/dev/null 2>&1; }
 
-# Runs CMD in the background, printing a progress line every 30 s with the last line of
-# its log; fails with the log's tail.
-with_progress() {
-  local desc="$1" logf="$2"; shift 2
-  local start=$SECONDS
-  "$@" >"${logf}" 2>&1 &
-  local pid=$!
-  while kill -0 "${pid}" 2>/dev/null; do
-    for _ in $(seq 1 30); do kill -0 "${pid}" 2>/dev/null || break; sleep 1; done
-    kill -0 "${pid}" 2>/dev/null &&
-      log "  ${desc}: $((SECONDS - start))s ... $(tail -n 1 "${logf}" | cut -c1-100)"
-  done
-  if ! wait "${pid}"; then
-    tail -n 30 "${logf}" >&2
-    die "${desc} failed (full log: ${logf})"
-  fi
-  log "  ${desc}: done in $((SECONDS - start))s"
-}
-
 ensure_base() {
   if has_image "${BASE_IMAGE}"; then
     return 0
@@ -117,12 +98,12 @@ ensure_base() {
   local work rootfs
   work="$(mktemp -d "${IMAGES_DIR}/.base-XXXXXX")"
   rootfs="${work}/rootfs"
-  with_progress debootstrap "${IMAGES_DIR}/debian-bookworm-python-${BASE_HASH}.log" \
+  run_with_progress debootstrap "${IMAGES_DIR}/debian-bookworm-python-${BASE_HASH}.log" \
     debootstrap --variant=minbase --include="${BASE_PACKAGES}" bookworm "${rootfs}" "${MIRROR}"
   rm -f "${rootfs}/usr/lib/python3.11/EXTERNALLY-MANAGED"
   [[ -e "${rootfs}/usr/bin/pip" ]] || ln -s pip3 "${rootfs}/usr/bin/pip"
-  rm -rf "${rootfs}"/var/cache/apt/archives/*.deb "${rootfs}"/var/lib/apt/lists/* \
-    "${rootfs}"/var/log/* "${rootfs}"/tmp/* "${rootfs}"/dev/*
+  rm -rf "${rootfs:?}"/var/cache/apt/archives/*.deb "${rootfs:?}"/var/lib/apt/lists/* \
+    "${rootfs:?}"/var/log/* "${rootfs:?}"/tmp/* "${rootfs:?}"/dev/*
   log "  packing the rootfs"
   tar -C "${rootfs}" --numeric-owner -cf "${work}/rootfs.tar" .
   local ctr
@@ -147,7 +128,7 @@ build_image() {
   log "buildah bud ${IMAGE} (build stage pip-installs the wheels from PyPI)"
   local revision
   revision="$(git -C "${REPO_ROOT}" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-  with_progress "buildah bud" "${tar%.tar}.log" \
+  run_with_progress "buildah bud" "${tar%.tar}.log" \
     "${BUILDAH[@]}" bud --isolation chroot --network host --layers=false \
     --volume /etc/ssl/certs:/etc/ssl/certs:ro \
     --build-arg "BASE_IMAGE=${BASE_IMAGE}" --build-arg "REVISION=${revision}" \

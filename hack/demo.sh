@@ -14,18 +14,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . hack/lib/venv.sh
+LOG_PREFIX=demo
+. hack/lib/common.sh
 
 NS=gpu-share-demo
 AGENT_NS=gpu-share
 RELEASE=gpu-share
-LOCK=${GPU_SHARE_CLUSTER_LOCK:-/tmp/gpu-share-cluster.lock}
 VALUES=(-f values-examples/dummy-npu.yaml -f values-examples/local-cluster.yaml)
 
 step() { echo; echo "== $*"; }
 
 ensure_venv
 HELM=$(bash hack/install-tools.sh | sed -n 's/^helm3=//p')
-[[ -x "$HELM" ]] || { echo "helm 3 not found (hack/install-tools.sh)"; exit 1; }
+[[ -x "$HELM" ]] || die "helm 3 not found (hack/install-tools.sh)"
 
 uninstall() {
   if "$HELM" status "$RELEASE" -n "$AGENT_NS" >/dev/null 2>&1; then
@@ -41,11 +42,7 @@ if [[ "${1:-}" != clean ]]; then
   TAR=$(bash hack/build-image.sh --no-import | tail -n 1)
 fi
 
-exec 9>"$LOCK"
-if ! flock -n 9; then
-  echo "== waiting for the local cluster ($LOCK is held by another user)"
-  flock 9
-fi
+take_cluster_lock
 
 step "local cluster (hack/local-up-cluster.sh up; the first run builds Kubernetes)"
 bash hack/local-up-cluster.sh up
@@ -73,11 +70,10 @@ echo "agent pod $AGENT_NS/$AGENT (ServiceAccount $(kubectl -n "$AGENT_NS" get po
   -o jsonpath='{.spec.serviceAccountName}'), image $(kubectl -n "$AGENT_NS" get pod "$AGENT" \
   -o jsonpath='{.spec.containers[0].image}'))"
 
-for _ in $(seq 1 60); do
-  mem=$(kubectl get node "$NODE_NAME" -o jsonpath='{.status.allocatable.vendor\.com/vcuda-memory}')
-  [[ -n "$mem" && "$mem" != 0 ]] && break
-  sleep 1
-done
+node_memory() { kubectl get node "$NODE_NAME" -o jsonpath='{.status.allocatable.vendor\.com/vcuda-memory}'; }
+registered() { local m; m=$(node_memory); [[ -n "$m" && "$m" != 0 ]]; }
+wait_until 60 registered || true
+mem=$(node_memory)
 echo "node $NODE_NAME allocatable: vendor.com/vcuda-memory=$mem vendor.com/vcuda-core=$(
   kubectl get node "$NODE_NAME" -o jsonpath='{.status.allocatable.vendor\.com/vcuda-core}')"
 [[ -n "$mem" && "$mem" != 0 ]] || { echo "agent did not register:"; kubectl -n "$AGENT_NS" logs "$AGENT" | tail -20; exit 1; }
@@ -112,12 +108,10 @@ step "creating pods (vendor.com/vcuda-memory: 4, some with vendor.com/vcuda-core
 kubectl -n "$NS" wait --for=condition=Ready pod --all --timeout=120s
 
 step "slices recorded by the agent (kubectl exec $AGENT -- gpu-share slices --node $NODE_NAME)"
-for _ in $(seq 1 20); do
-  out=$(kubectl -n "$AGENT_NS" exec "$AGENT" -c agent -- gpu-share slices --node "$NODE_NAME")
-  [[ $(grep -c "^$NS/" <<<"$out") -ge 5 ]] && break
-  sleep 0.5
-done
-echo "$out"
+slices() { kubectl -n "$AGENT_NS" exec "$AGENT" -c agent -- gpu-share slices --node "$NODE_NAME"; }
+all_recorded() { [[ $(slices | grep -c "^$NS/") -ge 5 ]]; }
+wait_until 10 all_recorded || true
+slices
 step "what each container saw (its own environment)"
 for p in $(kubectl -n "$NS" get pods -o jsonpath='{.items[*].metadata.name}'); do
   printf '%-10s %s\n' "$p" "$(kubectl -n "$NS" logs "$p" | head -1)"

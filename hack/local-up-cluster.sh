@@ -8,6 +8,8 @@
 #   hack/local-up-cluster.sh down          stop everything, clean mounts, remove state
 #   hack/local-up-cluster.sh status        what runs (exit 0 only if everything does)
 #   hack/local-up-cluster.sh env           `export` lines (KUBECONFIG, DEVICE_PLUGIN_DIR, ...)
+#   hack/local-up-cluster.sh env --json    one JSON object: {"env": {NAME: value, ...},
+#                                          "check": {"ok": bool, "reason": why not}}
 #   hack/local-up-cluster.sh import-image TAR...   import image tars into the
 #                                          cluster's containerd (k8s.io namespace)
 #   hack/local-up-cluster.sh restart-kubelet   stop + start the kubelet, wait for Ready
@@ -23,16 +25,20 @@
 #   GPU_SHARE_NODE_NAME    node name (default gpu-share-node)
 #   GPU_SHARE_POD_CIDR     bridge subnet (default 10.88.77.0/24)
 #   GPU_SHARE_UP_TIMEOUT   seconds to wait for each component (default 180)
-# See docs/local-cluster.md.
+# Config files are rendered from hack/templates/. See docs/local-cluster.md.
 set -euo pipefail
 
 HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-REPO_ROOT="$(cd "${HACK_DIR}/.." && pwd)"
+TEMPLATES="${HACK_DIR}/templates"
+LOG_PREFIX=local-up
+# shellcheck source=hack/lib/common.sh
+. "${HACK_DIR}/lib/common.sh"
 
 WORK_DIR="${GPU_SHARE_CLUSTER_DIR:-/var/lib/gpu-share-cluster}"
 CACHE_DIR="${GPU_SHARE_CACHE:-$HOME/.cache/gpu-share}"
 export GPU_SHARE_CACHE="${CACHE_DIR}"
 NODE_NAME="${GPU_SHARE_NODE_NAME:-gpu-share-node}"
+# shellcheck disable=SC2034 # POD_CIDR, like the other settings, is read by render
 POD_CIDR="${GPU_SHARE_POD_CIDR:-10.88.77.0/24}"
 UP_TIMEOUT="${GPU_SHARE_UP_TIMEOUT:-180}"
 SERVICE_CIDR="10.0.0.0/24"
@@ -66,9 +72,6 @@ COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler container
 K8S_BIN="$("${HACK_DIR}/cluster/build.sh" k8s-dir)/bin"
 ETCD_BIN="$("${HACK_DIR}/cluster/build.sh" etcd-dir)/bin"
 KUBECTL="${K8S_BIN}/kubectl"
-
-log() { echo "[local-up $(date +%H:%M:%S)] $*" >&2; }
-die() { echo "[local-up] ERROR: $*" >&2; exit 1; }
 
 need_root() {
   [[ "$(id -u)" == 0 ]] || die "must run as root (it starts containerd and the kubelet)"
@@ -114,34 +117,25 @@ stop() {
   if pid="$(pid_of "$name")"; then
     log "stopping ${name} (pid ${pid})"
     kill -TERM "$pid" 2>/dev/null || true
-    local i
-    for i in $(seq 1 30); do
-      kill -0 "$pid" 2>/dev/null || break
-      sleep 0.5
-    done
+    wait_until 15 gone "$pid" || true
     kill -KILL "$pid" 2>/dev/null || true
   fi
   rm -f "${RUN_DIR}/${name}.pid"
 }
 
+gone() { ! kill -0 "$1" 2>/dev/null; }
+
 # wait_for DESC COMPONENT CMD... : retries CMD until it succeeds; fails with
 # the tail of the component's log after UP_TIMEOUT seconds or if it died.
 wait_for() {
-  local desc="$1" comp="$2"; shift 2
-  local deadline=$((SECONDS + UP_TIMEOUT))
-  until "$@" >/dev/null 2>&1; do
-    if ! is_running "$comp"; then
-      echo "---- last lines of ${LOG_DIR}/${comp}.log" >&2
-      tail -n 40 "${LOG_DIR}/${comp}.log" >&2 || true
-      die "${comp} exited while waiting for ${desc}"
-    fi
-    if ((SECONDS > deadline)); then
-      echo "---- last lines of ${LOG_DIR}/${comp}.log" >&2
-      tail -n 40 "${LOG_DIR}/${comp}.log" >&2 || true
-      die "timed out after ${UP_TIMEOUT}s waiting for ${desc}"
-    fi
-    sleep 1
-  done
+  local desc="$1" comp="$2" rc=0; shift 2
+  wait_until "${UP_TIMEOUT}" --while is_running "$comp" -- "$@" || rc=$?
+  if ((rc)); then
+    echo "---- last lines of ${LOG_DIR}/${comp}.log" >&2
+    tail -n 40 "${LOG_DIR}/${comp}.log" >&2 || true
+    ((rc == 2)) && die "${comp} exited while waiting for ${desc}"
+    die "timed out after ${UP_TIMEOUT}s waiting for ${desc}"
+  fi
   log "${desc}: ok"
 }
 
@@ -204,6 +198,7 @@ build_images() {
 
 # ---------------------------------------------------------------- configuration
 
+# shellcheck disable=SC2034 # user, ca, crt and k are read by render
 write_kubeconfig() {
   local file="$1" user="$2" cert="$3" key="$4"
   local ca crt k
@@ -211,29 +206,11 @@ write_kubeconfig() {
   crt="$(base64 -w0 <"${PKI_DIR}/${cert}")"
   k="$(base64 -w0 <"${PKI_DIR}/${key}")"
   umask 077
-  cat >"${file}" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-- name: gpu-share-local
-  cluster:
-    server: https://127.0.0.1:${API_PORT}
-    certificate-authority-data: ${ca}
-users:
-- name: ${user}
-  user:
-    client-certificate-data: ${crt}
-    client-key-data: ${k}
-contexts:
-- name: ${user}@gpu-share-local
-  context:
-    cluster: gpu-share-local
-    user: ${user}
-current-context: ${user}@gpu-share-local
-EOF
+  render "${TEMPLATES}/kubeconfig.yaml" >"${file}"
   umask 022
 }
 
+# shellcheck disable=SC2034 # RUNC_BIN is read by render
 write_configs() {
   mkdir -p "${WORK_DIR}" "${LOG_DIR}" "${RUN_DIR}" "${CONF_DIR}" "${KUBECONFIG_DIR}" \
     "${KUBELET_ROOT_DIR}" "${CONTAINERD_DIR}" "${CNI_DIR}/net.d" "${CNI_DIR}/networks"
@@ -244,132 +221,11 @@ write_configs() {
   write_kubeconfig "${KUBECONFIG_DIR}/controller-manager.kubeconfig" system:kube-controller-manager controller-manager.crt controller-manager.key
   write_kubeconfig "${KUBECONFIG_DIR}/scheduler.kubeconfig" system:kube-scheduler scheduler.crt scheduler.key
 
-  cat >"${CONTAINERD_DIR}/config.toml" <<EOF
-# containerd config of the gpu-share local cluster (own root/state/socket).
-version = 2
-root = "${CONTAINERD_DIR}/root"
-state = "${CONTAINERD_DIR}/state"
-plugin_dir = ""
-disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs"]
-
-[grpc]
-  address = "${CONTAINERD_SOCK}"
-
-[ttrpc]
-  address = "${CONTAINERD_SOCK}.ttrpc"
-
-[debug]
-  address = ""
-
-[metrics]
-  address = ""
-
-[plugins."io.containerd.internal.v1.opt"]
-  path = "${CONTAINERD_DIR}/opt"
-
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "${PAUSE_IMAGE}"
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-  enable_selinux = false
-  # Never ask for an oom_score_adj below containerd's own: some sandboxed
-  # kernels (gVisor) refuse negative values even to root, which makes every
-  # pod sandbox fail with "failed to update /proc/self/oom_score_adj".
-  restrict_oom_score_adj = true
-  max_container_log_line_size = 16384
-
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    discard_unpacked_layers = false
-
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        BinaryName = "$(command -v runc)"
-        Root = "${CONTAINERD_DIR}/runc"
-        SystemdCgroup = false
-
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "${CNI_BIN_DIR}"
-    conf_dir = "${CNI_DIR}/net.d"
-    max_conf_num = 1
-EOF
-
-  cat >"${CNI_DIR}/net.d/10-gpu-share.conflist" <<EOF
-{
-  "cniVersion": "1.0.0",
-  "name": "gpu-share-local",
-  "plugins": [
-    {
-      "type": "bridge",
-      "bridge": "${BRIDGE}",
-      "isGateway": true,
-      "ipMasq": false,
-      "hairpinMode": true,
-      "ipam": {
-        "type": "host-local",
-        "ranges": [[{"subnet": "${POD_CIDR}"}]],
-        "routes": [{"dst": "0.0.0.0/0"}],
-        "dataDir": "${CNI_DIR}/networks"
-      }
-    }
-  ]
-}
-EOF
-
-  cat >"${CONF_DIR}/kubelet.yaml" <<EOF
-apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-address: 127.0.0.1
-port: ${KUBELET_PORT}
-readOnlyPort: 0
-healthzBindAddress: 127.0.0.1
-healthzPort: 10248
-tlsCertFile: ${PKI_DIR}/kubelet-serving.crt
-tlsPrivateKeyFile: ${PKI_DIR}/kubelet-serving.key
-authentication:
-  anonymous:
-    enabled: false
-  webhook:
-    enabled: true
-  x509:
-    clientCAFile: ${PKI_DIR}/ca.crt
-authorization:
-  mode: Webhook
-containerRuntimeEndpoint: unix://${CONTAINERD_SOCK}
-imageServiceEndpoint: unix://${CONTAINERD_SOCK}
-cgroupDriver: cgroupfs
-cgroupsPerQOS: true
-cgroupRoot: /
-enforceNodeAllocatable: ["pods"]
-failSwapOn: false
-protectKernelDefaults: false
-makeIPTablesUtilChains: false
-serializeImagePulls: false
-registerNode: true
-clusterDomain: cluster.local
-resolvConf: /etc/resolv.conf
-podLogsDir: ${WORK_DIR}/pod-logs
-maxPods: 110
-# Relaxed eviction: "0%" disables a threshold, so a mostly-full disk does not
-# evict pods or taint the node with disk-pressure.
-evictionHard:
-  memory.available: "100Mi"
-  nodefs.available: "0%"
-  nodefs.inodesFree: "0%"
-  imagefs.available: "0%"
-  imagefs.inodesFree: "0%"
-# Locally imported images cannot be pulled again: never garbage-collect them.
-imageGCHighThresholdPercent: 100
-imageGCLowThresholdPercent: 99
-enableDebuggingHandlers: true
-enableProfilingHandler: false
-nodeStatusUpdateFrequency: 10s
-fileCheckFrequency: 20s
-syncFrequency: 30s
-EOF
+  local RUNC_BIN
+  RUNC_BIN="$(command -v runc)"
+  render "${TEMPLATES}/containerd-config.toml" >"${CONTAINERD_DIR}/config.toml"
+  render "${TEMPLATES}/cni-bridge.conflist" >"${CNI_DIR}/net.d/10-gpu-share.conflist"
+  render "${TEMPLATES}/kubelet.yaml" >"${CONF_DIR}/kubelet.yaml"
 }
 
 # The apiserver reaches the kubelet through the node's "Hostname" address,
@@ -602,7 +458,7 @@ remove_log_links() {
 }
 
 remove_cgroups() {
-  local h d
+  local h
   for h in /sys/fs/cgroup/*/; do
     [[ -d "${h}kubepods" ]] || continue
     find "${h}kubepods" -depth -type d -exec rmdir {} \; 2>/dev/null || true
@@ -649,29 +505,79 @@ cmd_status() {
   return "$rc"
 }
 
-cmd_env() {
+# The environment of the cluster, one "NAME=value" per line (PATH excluded).
+env_pairs() {
   cat <<EOF
-export GPU_SHARE_CLUSTER_DIR="${WORK_DIR}"
-export KUBECONFIG="${ADMIN_KUBECONFIG}"
-export K8S_BIN_DIR="${K8S_BIN}"
-export KUBECTL="${KUBECTL}"
-export PATH="${K8S_BIN}:\${PATH}"
-export NODE_NAME="${NODE_NAME}"
-export KUBELET_ROOT_DIR="${KUBELET_ROOT_DIR}"
-export DEVICE_PLUGIN_DIR="${DEVICE_PLUGIN_DIR}"
-export POD_RESOURCES_SOCKET="${KUBELET_ROOT_DIR}/pod-resources/kubelet.sock"
-export CONTAINER_RUNTIME_ENDPOINT="unix://${CONTAINERD_SOCK}"
-export CONTAINERD_ADDRESS="${CONTAINERD_SOCK}"
-export KUBELET_METRICS_URL="https://127.0.0.1:${KUBELET_PORT}/metrics"
-export CLUSTER_CA_CERT="${PKI_DIR}/ca.crt"
-export CLUSTER_ADMIN_CERT="${PKI_DIR}/admin.crt"
-export CLUSTER_ADMIN_KEY="${PKI_DIR}/admin.key"
-export CLUSTER_APISERVER_HOST="127.0.0.1"
-export CLUSTER_APISERVER_PORT="${API_PORT}"
-export SAMPLE_DEVICE_PLUGIN="${K8S_BIN}/sample-device-plugin"
-export CLUSTER_LOG_DIR="${LOG_DIR}"
-export BUSYBOX_IMAGE="${BUSYBOX_IMAGE}"
+GPU_SHARE_CLUSTER_DIR=${WORK_DIR}
+KUBECONFIG=${ADMIN_KUBECONFIG}
+K8S_BIN_DIR=${K8S_BIN}
+KUBECTL=${KUBECTL}
+NODE_NAME=${NODE_NAME}
+KUBELET_ROOT_DIR=${KUBELET_ROOT_DIR}
+DEVICE_PLUGIN_DIR=${DEVICE_PLUGIN_DIR}
+POD_RESOURCES_SOCKET=${KUBELET_ROOT_DIR}/pod-resources/kubelet.sock
+CONTAINER_RUNTIME_ENDPOINT=unix://${CONTAINERD_SOCK}
+CONTAINERD_ADDRESS=${CONTAINERD_SOCK}
+KUBELET_METRICS_URL=https://127.0.0.1:${KUBELET_PORT}/metrics
+CLUSTER_CA_CERT=${PKI_DIR}/ca.crt
+CLUSTER_ADMIN_CERT=${PKI_DIR}/admin.crt
+CLUSTER_ADMIN_KEY=${PKI_DIR}/admin.key
+CLUSTER_APISERVER_HOST=127.0.0.1
+CLUSTER_APISERVER_PORT=${API_PORT}
+SAMPLE_DEVICE_PLUGIN=${K8S_BIN}/sample-device-plugin
+CLUSTER_LOG_DIR=${LOG_DIR}
+BUSYBOX_IMAGE=${BUSYBOX_IMAGE}
+PAUSE_IMAGE=${PAUSE_IMAGE}
 EOF
+}
+
+# Why this machine cannot run the cluster; prints nothing when it can. The one
+# definition: tests read it through `env --json`.
+environment_problem() {
+  if [[ "$(uname -s)" != Linux ]]; then
+    echo "not Linux"
+  elif [[ "$(id -u)" != 0 ]]; then
+    echo "not root (the local cluster starts containerd and the kubelet)"
+  elif [[ ! -d /sys/fs/cgroup/memory && -f /sys/fs/cgroup/cgroup.controllers ]]; then
+    # The kubelet config (cgroupfs driver, cgroupRoot /) and `down`'s cleanup of
+    # /sys/fs/cgroup/*/kubepods are written and tested for the v1 hierarchy only.
+    echo "cgroup v2 only host: this cluster (kubelet v1.34 on containerd 1.6, cgroupfs) is set up for cgroup v1"
+  elif [[ ! -d /sys/fs/cgroup/memory ]]; then
+    echo "no cgroup v1 memory controller under /sys/fs/cgroup"
+  elif ! command -v go >/dev/null; then
+    echo "no Go toolchain (needed to build Kubernetes and etcd)"
+  elif ! command -v containerd >/dev/null && ! command -v apt-get >/dev/null; then
+    echo "containerd is not installed and apt-get is not available to install it"
+  fi
+}
+
+json_string() {
+  local s="$1"
+  s="${s//\\/\\\\}"
+  s="${s//\"/\\\"}"
+  printf '"%s"' "${s}"
+}
+
+cmd_env() {
+  local name value sep="" problem
+  if [[ "${1:-}" != --json ]]; then
+    while IFS='=' read -r name value; do
+      echo "export ${name}=\"${value}\""
+      [[ "${name}" == KUBECTL ]] && echo "export PATH=\"${K8S_BIN}:\${PATH}\""
+    done < <(env_pairs)
+    return 0
+  fi
+  problem="$(environment_problem)"
+  printf '{"env": {'
+  while IFS='=' read -r name value; do
+    printf '%s%s: %s' "${sep}" "$(json_string "${name}")" "$(json_string "${value}")"
+    sep=", "
+  done < <(env_pairs)
+  if [[ -z "${problem}" ]]; then
+    printf '}, "check": {"ok": true, "reason": null}}\n'
+  else
+    printf '}, "check": {"ok": false, "reason": %s}}\n' "$(json_string "${problem}")"
+  fi
 }
 
 # Stops the kubelet and starts it again (as a node reboot of the kubelet would), waiting
@@ -725,7 +631,7 @@ case "${1:-}" in
   up) cmd_up ;;
   down) cmd_down ;;
   status) cmd_status ;;
-  env) cmd_env ;;
+  env) shift; cmd_env "$@" ;;
   import-image) shift; cmd_import_image "$@" ;;
   restart-kubelet) cmd_restart_kubelet ;;
   stop-kubelet) cmd_stop_kubelet ;;
@@ -735,7 +641,7 @@ case "${1:-}" in
   build) ensure_packages; build_all; log "images: ${PAUSE_TAR} ${BUSYBOX_TAR}" ;;
   logs) shift; exec tail -n 100 -f "${LOG_DIR}/${1:?component}.log" ;;
   *)
-    sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
     exit 2
     ;;
 esac

@@ -11,6 +11,7 @@ echo "== static checks"
 ruff check src tests hack bench
 mypy src/gpu_share/sharing src/gpu_share/config src/gpu_share/errors.py
 lint-imports
+shell_lint
 
 echo "== tools (helm 3.17 and 4.1)"
 bash hack/install-tools.sh
@@ -20,6 +21,11 @@ if [ "$(id -u)" = 0 ]; then
   # cold build (minutes on 2 cores) is not charged to a test fixture's timeout.
   echo "== local cluster binaries and images (cached under ${GPU_SHARE_CACHE:-$HOME/.cache/gpu-share})"
   bash hack/local-up-cluster.sh build
+  # Where this machine can run the cluster, its tests must run, not skip.
+  if bash hack/local-up-cluster.sh env --json \
+      | python -c 'import json, sys; sys.exit(0 if json.load(sys.stdin)["check"]["ok"] else 1)'; then
+    export GPU_SHARE_REQUIRE_CLUSTER=1
+  fi
 fi
 
 echo "== tests"

@@ -33,7 +33,6 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,6 +46,7 @@ from bench.agent.stats import (
     rss_mib_from_status,
     series,
 )
+from tests.harness import cluster_info, wait_until
 from tests.support.host_agent import agent_argv
 
 MEM = "vendor.com/vcuda-memory"
@@ -86,8 +86,9 @@ class Env:
     kubelet_log: str
 
     @classmethod
-    def from_environ(cls) -> Env:
-        e = os.environ
+    def of_cluster(cls) -> Env:
+        """From ``hack/local-up-cluster.sh env --json`` (tests/harness)."""
+        e = cluster_info().env
         return cls(
             e["NODE_NAME"],
             e["KUBECONFIG"],
@@ -100,15 +101,6 @@ class Env:
             e["BUSYBOX_IMAGE"],
             os.path.join(e["CLUSTER_LOG_DIR"], "kubelet.log"),
         )
-
-
-def wait_for(pred: Callable[[], bool], timeout_s: float, step_s: float = 0.1) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(step_s)
-    return pred()
 
 
 class Cluster:
@@ -171,7 +163,13 @@ class Cluster:
 
     def delete_pods(self, timeout_s: float = 120) -> bool:
         self.api.delete_collection_namespaced_pod(NS, grace_period_seconds=0)
-        return wait_for(lambda: not self.api.list_namespaced_pod(NS).items, timeout_s, 0.5)
+        return wait_until(
+            "bench pods gone",
+            lambda: not self.api.list_namespaced_pod(NS).items,
+            timeout_s,
+            0.5,
+            fail=False,
+        )
 
 
 def rss_mib(pid: int) -> float | None:
@@ -262,7 +260,9 @@ def run_round(
     res = RoundResult(s.name)
     f = res.figures
     # Start from a kubelet that does not list the resource (previous round's gone).
-    wait_for(lambda: cluster.allocatable(s.resource) == 0, 60, 0.5)
+    wait_until(
+        "previous round gone", lambda: cluster.allocatable(s.resource) == 0, 60, 0.5, fail=False
+    )
     log_offset = os.path.getsize(env.kubelet_log)
     out = open(log_dir / f"{s.name}-{idx}.log", "wb")  # noqa: SIM115 - closed below
     t0 = time.time()
@@ -283,10 +283,18 @@ def run_round(
                 r for r in klog_registrations(text, dt.date.today().year) if r[1] in s.resources
             ]
 
-        ok = wait_for(lambda: {r for _, r in registered()} >= set(s.resources), 60, 0.05)
+        ok = wait_until(
+            "registered",
+            lambda: {r for _, r in registered()} >= set(s.resources),
+            60,
+            0.05,
+            fail=False,
+        )
         regs = registered()
         f["registered_s"] = max(ts for ts, _ in regs) - t0 if ok else None
-        ok = wait_for(lambda: cluster.allocatable(s.resource) == s.units, 60, 0.05)
+        ok = wait_until(
+            "allocatable", lambda: cluster.allocatable(s.resource) == s.units, 60, 0.05, fail=False
+        )
         f["allocatable_s"] = time.time() - t0 if ok else None
         time.sleep(1.0)  # let start-up settle before reading RSS
         f["rss_registered_mib"] = rss_mib(proc.pid)
@@ -315,10 +323,12 @@ def run_round(
         a_before = fetch(f"http://127.0.0.1:{s.metrics_port}/metrics") if s.metrics_port else ""
         t1 = time.time()
         cluster.create_pods(n_pods, s.resource, f"{s.name}-{idx}")
-        ok = wait_for(
+        ok = wait_until(
+            "pods Running",
             lambda: (p := cluster.pod_phases()).count("Running") == n_pods and len(p) == n_pods,
             600,
             0.25,
+            fail=False,
         )
         f["admission_s"] = time.time() - t1 if ok else None
         if not ok:
@@ -357,10 +367,22 @@ def run_round(
 
             t2 = time.time()
             write_faults(s.fault_file, [0])
-            ok = wait_for(lambda: cluster.allocatable(s.resource) < s.units, 30, 0.05)
+            ok = wait_until(
+                "allocatable drops",
+                lambda: cluster.allocatable(s.resource) < s.units,
+                30,
+                0.05,
+                fail=False,
+            )
             f["health_push_s"] = time.time() - t2 if ok else None
             write_faults(s.fault_file, [])
-            wait_for(lambda: cluster.allocatable(s.resource) == s.units, 30, 0.1)
+            wait_until(
+                "allocatable back",
+                lambda: cluster.allocatable(s.resource) == s.units,
+                30,
+                0.1,
+                fail=False,
+            )
         if spy is not None:
             spy.send_signal(signal.SIGINT)
             spy.wait(30)
@@ -449,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", choices=["gpu-share", "sample"], help="measure one subject")
     p.add_argument("--profile", action="store_true", help="py-spy the agent (figures skewed)")
     ns = p.parse_args(argv)
-    env = Env.from_environ()
+    env = Env.of_cluster()
     others = subprocess.run(
         ["pgrep", "-f", "gpu_share.cli.plugin_main|gpu-share-plugin"],
         capture_output=True,

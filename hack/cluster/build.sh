@@ -13,11 +13,12 @@
 set -euo pipefail
 
 HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+LOG_PREFIX=build
+# shellcheck source=hack/lib/common.sh
+. "${HACK_DIR}/lib/common.sh"
 CACHE_DIR="${GPU_SHARE_CACHE:-$HOME/.cache/gpu-share}"
 K8S_VERSION="${K8S_VERSION:-v1.34.4}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
-
-log() { echo "[build $(date +%H:%M:%S)] $*" >&2; }
 
 k8s_dir() { echo "${CACHE_DIR}/k8s-${K8S_VERSION}"; }
 etcd_dir() { echo "${CACHE_DIR}/etcd-${ETCD_VERSION}"; }
@@ -27,31 +28,11 @@ go_env() {
   # -mod=readonly (the default) on purpose: the build never edits the
   # committed go.mod/go.sum of the wrapper modules.
   export GOFLAGS="${GOFLAGS:-} -buildvcs=false"
-  command -v go >/dev/null || { log "go not found in PATH"; exit 1; }
+  command -v go >/dev/null || die "go not found in PATH"
 }
 
-# Runs a go build command in the background and prints a heartbeat line every
-# 60 s (the Kubernetes build takes tens of minutes on 2 cores).
-run_with_progress() {
-  local what="$1" logf="$2"; shift 2
-  local start=$SECONDS
-  log "building ${what} (log: ${logf})"
-  ( "$@" ) >"${logf}" 2>&1 &
-  local pid=$!
-  while kill -0 "$pid" 2>/dev/null; do
-    sleep 5
-    if (( (SECONDS - start) % 60 < 5 )); then
-      log "  ... ${what}: $(( (SECONDS - start) / 60 )) min elapsed, $(grep -c '' "${logf}" 2>/dev/null || echo 0) log lines"
-    fi
-  done
-  if ! wait "$pid"; then
-    log "FAILED building ${what}; last lines of ${logf}:"
-    tail -n 40 "${logf}" >&2
-    return 1
-  fi
-  log "built ${what} in $(( SECONDS - start )) s"
-}
-
+# The Kubernetes build takes tens of minutes on 2 cores: a progress line a minute.
+PROGRESS_EVERY=60
 build_k8s() {
   local dir; dir="$(k8s_dir)"
   if [[ -f "${dir}/.stamp" ]]; then
@@ -72,7 +53,8 @@ build_k8s() {
     ld+=" -X ${p}.buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
   done
   local start=$SECONDS
-  run_with_progress "Kubernetes ${K8S_VERSION}" "${dir}/build.log" \
+  # shellcheck disable=SC2016 # the inner script expands its own positional parameters
+  run_with_progress "building Kubernetes ${K8S_VERSION}" "${dir}/build.log" \
     bash -c 'cd "$0" && exec go build -v -trimpath -ldflags="$1" -o "$2" \
       k8s.io/kubernetes/cmd/kube-apiserver \
       k8s.io/kubernetes/cmd/kube-controller-manager \
@@ -81,10 +63,10 @@ build_k8s() {
       k8s.io/kubernetes/cmd/kubectl \
       k8s.io/kubernetes/test/images/sample-device-plugin' \
     "${HACK_DIR}/k8s" "${ld}" "${dir}/bin.tmp/"
-  rm -rf "${dir}/bin"
+  rm -rf "${dir:?}/bin"
   mv "${dir}/bin.tmp" "${dir}/bin"
   echo "built $(date -u +%FT%TZ) in $(( SECONDS - start ))s" >"${dir}/.stamp"
-  log "Kubernetes binaries in ${dir}/bin: $(ls "${dir}/bin" | tr '\n' ' ')"
+  log "Kubernetes binaries in ${dir}/bin: $(find "${dir}/bin" -maxdepth 1 -type f -printf '%f ')"
 }
 
 build_etcd() {
@@ -98,14 +80,15 @@ build_etcd() {
   rm -rf "${dir}/bin.tmp"
   mkdir -p "${dir}/bin.tmp"
   local start=$SECONDS
-  run_with_progress "etcd ${ETCD_VERSION}" "${dir}/build.log" \
+  # shellcheck disable=SC2016 # the inner script expands its own positional parameters
+  run_with_progress "building etcd ${ETCD_VERSION}" "${dir}/build.log" \
     bash -c 'cd "$0" && exec go build -v -trimpath -ldflags="-s -w" -o "$1" \
       . go.etcd.io/etcd/etcdctl/v3' \
     "${HACK_DIR}/etcd" "${dir}/bin.tmp/"
-  rm -rf "${dir}/bin"
+  rm -rf "${dir:?}/bin"
   mv "${dir}/bin.tmp" "${dir}/bin"
   echo "built $(date -u +%FT%TZ) in $(( SECONDS - start ))s" >"${dir}/.stamp"
-  log "etcd binaries in ${dir}/bin: $(ls "${dir}/bin" | tr '\n' ' ')"
+  log "etcd binaries in ${dir}/bin: $(find "${dir}/bin" -maxdepth 1 -type f -printf '%f ')"
 }
 
 case "${1:-all}" in

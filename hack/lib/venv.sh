@@ -1,4 +1,6 @@
-# Sourced by hack scripts: a project virtualenv with gpu-share and its test deps.
+# shellcheck shell=bash
+# Sourced by hack scripts: a project virtualenv with gpu-share and its test deps, and the
+# lint tool for the shell scripts (Debian's shellcheck package, installed when missing).
 ensure_venv() {
   local venv="${GPU_SHARE_VENV:-.venv}"
   if [ ! -x "$venv/bin/python" ]; then
@@ -16,4 +18,21 @@ ensure_venv() {
     python -m pip install -q -e '.[test]'
     echo "$want" > "$stamp"
   fi
+}
+
+ensure_shellcheck() {
+  command -v shellcheck >/dev/null && return 0
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "== installing shellcheck (apt-get)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq shellcheck >/dev/null 2>&1 ||
+      { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq shellcheck >/dev/null; }
+  fi
+  command -v shellcheck >/dev/null || { echo "shellcheck is missing (apt-get install shellcheck)" >&2; return 1; }
+}
+
+# Lints every shell script of the repository with shellcheck (run from its root; -x follows
+# the `source`d hack/lib files).
+shell_lint() {
+  ensure_shellcheck || return 1
+  shellcheck -x hack/*.sh hack/lib/*.sh hack/cluster/*.sh bench/*.sh bench/agent/*.sh
 }

@@ -14,8 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cluster_support import Cluster
 
+from tests.cluster.cluster_support import Cluster
+from tests.harness import wait_until
 from tests.support.host_agent import HostAgent
 
 pytestmark = pytest.mark.cluster
@@ -35,19 +36,21 @@ class Agent(HostAgent):
         self.cluster = cluster
 
     def start(self, timeout_s: float = 60) -> None:
-        deadline = time.monotonic() + timeout_s
+        t0 = time.monotonic()
         # Registered first (node status may still show the previous agent's devices),
         # then the kubelet's view.
         super().start(timeout_s)
-        while time.monotonic() < deadline:
-            alloc = self.cluster.kubectl_json("get", "node", self.cluster.node)["status"].get(
-                "allocatable", {}
-            )
+
+        def shown() -> bool:
+            alloc = self.cluster.get("node", self.cluster.node)["status"].get("allocatable", {})
             if alloc.get(MEM) == str(DEVICES * UNITS) and alloc.get(CORE) == str(DEVICES * 100):
-                return
+                return True
             assert self.proc is not None and self.proc.poll() is None, self.log()
-            time.sleep(0.5)
-        raise AssertionError(f"allocatable never showed our resources:\n{self.log()}")
+            return False
+
+        left = max(0.0, timeout_s - (time.monotonic() - t0))
+        if not wait_until("our resources in allocatable", shown, left, 0.5, fail=False):
+            raise AssertionError(f"allocatable never showed our resources:\n{self.log()}")
 
 
 @pytest.fixture
@@ -105,23 +108,24 @@ def _pod(ns: str, name: str, containers: list[dict], init: list[dict] | None = N
 
 def _wait_settled(cluster: Cluster, ns: str, names: list[str], timeout: float = 180) -> dict:
     """Every pod Running or Failed (admission refused); returns name -> pod."""
-    deadline = time.monotonic() + timeout
     pods: dict[str, dict] = {}
-    while time.monotonic() < deadline:
-        items = cluster.kubectl_json("-n", ns, "get", "pods")["items"]
-        pods = {p["metadata"]["name"]: p for p in items}
+
+    def settled() -> dict[str, dict] | None:
+        nonlocal pods
+        pods = {p["metadata"]["name"]: p for p in cluster.get("pods", "-n", ns)["items"]}
         phases = {n: pods.get(n, {}).get("status", {}).get("phase") for n in names}
         ready = all(
             ph == "Failed"
             or (ph == "Running" and ASSIGNMENT in pods[n]["metadata"].get("annotations", {}))
             for n, ph in phases.items()
         )
-        if ready:
-            return pods
-        time.sleep(1)
-    raise AssertionError(
-        f"pods did not settle: { {n: p['status'].get('phase') for n, p in pods.items()} }"
-    )
+        return pods if ready else None
+
+    if wait_until("pods settled", settled, timeout, fail=False) is None:
+        raise AssertionError(
+            f"pods did not settle: { {n: p['status'].get('phase') for n, p in pods.items()} }"
+        )
+    return pods
 
 
 def _check_slices(cluster: Cluster, ns: str, pods: dict) -> dict[str, list[int]]:

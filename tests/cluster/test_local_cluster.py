@@ -8,12 +8,13 @@ from __future__ import annotations
 import os
 import ssl
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
-from cluster_support import REPO, Cluster
+
+from tests.cluster.cluster_support import Cluster
+from tests.harness import REPO, wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -21,7 +22,7 @@ BUSYBOX = "localhost/busybox:local"
 
 
 def test_node_ready_and_busybox_pod_logs(cluster: Cluster, namespace: str) -> None:
-    node = cluster.kubectl_json("get", "node", cluster.node)
+    node = cluster.get("node", cluster.node)
     ready = {c["type"]: c["status"] for c in node["status"]["conditions"]}
     assert ready.get("Ready") == "True", node["status"]["conditions"]
     assert node["status"]["nodeInfo"]["kubeletVersion"] == "v1.34.4"
@@ -155,17 +156,17 @@ def test_sample_device_plugin_registers_and_pod_gets_device(
         )
     cluster.processes.append(proc)
     try:
-        deadline = time.monotonic() + 90
-        allocatable = {}
-        while time.monotonic() < deadline:
+        allocatable: dict[str, str] = {}
+
+        def advertised() -> bool:
+            nonlocal allocatable
             assert proc.poll() is None, (
                 f"sample-device-plugin exited:\n{log_path.read_text()[-3000:]}"
             )
-            node = cluster.kubectl_json("get", "node", cluster.node)
-            allocatable = node["status"].get("allocatable", {})
-            if allocatable.get("example.com/resource", "0") not in ("0", ""):
-                break
-            time.sleep(1)
+            allocatable = cluster.get("node", cluster.node)["status"].get("allocatable", {})
+            return allocatable.get("example.com/resource", "0") not in ("0", "")
+
+        wait_until("example.com/resource advertised", advertised, 90, fail=False)
         assert allocatable.get("example.com/resource") == "2", (
             f"node allocatable: {allocatable}\nplugin log:\n{log_path.read_text()[-3000:]}\n"
             f"kubelet log:\n{cluster.log_tail('kubelet')}"

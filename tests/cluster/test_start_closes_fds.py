@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.harness import REPO
 
 
 @pytest.mark.skipif(shutil.which("flock") is None, reason="flock(1) missing")

@@ -17,68 +17,38 @@ uninstalled it). ``namespace`` (function): a fresh namespace, deleted afterwards
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
-import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
-from typing import IO
 
 import pytest
 
-from tests.e2e.support import (
-    AGENT_NS,
+from tests.e2e.support import AGENT_NS, Kube
+from tests.harness import (
     BUILD_SCRIPT,
-    CLUSTER_SCRIPT,
     LOCK_FILE,
-    REPO,
-    Kube,
-    parse_env,
+    UP_TIMEOUT_S,
+    acquire_lock,
+    cluster_info,
+    helm_path,
+    loud_skip,
+    release_lock,
+    run_script,
 )
 
 BUILD_TIMEOUT_S = int(os.environ.get("GPU_SHARE_E2E_BUILD_TIMEOUT", str(40 * 60)))
 LOCK_TIMEOUT_S = int(os.environ.get("GPU_SHARE_E2E_LOCK_TIMEOUT", str(45 * 60)))
-UP_TIMEOUT_S = int(os.environ.get("GPU_SHARE_CLUSTER_UP_TIMEOUT", str(80 * 60)))
-
-
-def _skip_loudly(reason: str) -> None:
-    bar = "!" * 78
-    sys.stderr.write(f"\n{bar}\n!!! SKIPPING e2e stories: {reason}\n{bar}\n")
-    pytest.skip(f"e2e skipped: {reason}")
 
 
 def _environment_problem() -> str | None:
-    if sys.platform != "linux":
-        return "not Linux"
-    if os.geteuid() != 0:
-        return "not root (the local cluster starts containerd and the kubelet)"
-    if not Path("/sys/fs/cgroup/memory").is_dir():
-        return "no cgroup v1 memory controller (the local cluster needs cgroup v1)"
-    if shutil.which("go") is None:
-        return "no Go toolchain (needed to build Kubernetes)"
-    if shutil.which("apt-get") is None and shutil.which("buildah") is None:
+    """The cluster's own check, and what building the image needs on top of it."""
+    problem = cluster_info().problem
+    if problem is None and shutil.which("apt-get") is None and shutil.which("buildah") is None:
         return "buildah missing and no apt-get to install it"
-    return None
-
-
-def _script(*args: str, timeout: float, stream: bool = True) -> subprocess.CompletedProcess[str]:
-    # Progress (stderr) goes to fd 2: visible with -s / in CI logs, else shown on failure.
-    if stream:
-        return subprocess.run(
-            ["bash", *args], stdout=subprocess.PIPE, stderr=2, text=True, timeout=timeout
-        )
-    return subprocess.run(["bash", *args], capture_output=True, text=True, timeout=timeout)
-
-
-def _helm() -> str:
-    out = _script(str(REPO / "hack" / "install-tools.sh"), timeout=600, stream=False)
-    assert out.returncode == 0, out.stderr
-    paths = dict(line.split("=", 1) for line in out.stdout.split() if "=" in line)
-    return paths.get("helm3") or next(iter(paths.values()))
+    return problem
 
 
 class _Session:
@@ -86,7 +56,7 @@ class _Session:
 
     tar: str = ""
     helm: str = ""
-    lock: IO[str] | None = None
+    locked: bool = False
     problem: str | None = None
 
 
@@ -102,36 +72,28 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if _Session.problem:
         return
     t0 = time.monotonic()
-    build = _script(str(BUILD_SCRIPT), "--no-import", timeout=BUILD_TIMEOUT_S)
+    build = run_script("--no-import", script=BUILD_SCRIPT, timeout=BUILD_TIMEOUT_S, stream=True)
     if build.returncode != 0:
         _Session.problem = "hack/build-image.sh failed: see its output above"
         return
     _Session.tar = build.stdout.strip().splitlines()[-1]
-    _Session.helm = _helm()
+    _Session.helm = helm_path(3)
     sys.stderr.write(
         f"\n=== e2e: image ready in {time.monotonic() - t0:.0f}s; waiting for {LOCK_FILE}\n"
     )
-    lock = open(LOCK_FILE, "w")  # noqa: SIM115 - held until pytest_sessionfinish
-    deadline = time.monotonic() + LOCK_TIMEOUT_S
-    while True:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                lock.close()
-                _Session.problem = f"{LOCK_FILE} still held by someone else after {LOCK_TIMEOUT_S}s"
-                return
-            time.sleep(2)
-    _Session.lock = lock
+    try:
+        acquire_lock(LOCK_TIMEOUT_S)
+    except TimeoutError as exc:
+        _Session.problem = str(exc)
+        return
+    _Session.locked = True
     sys.stderr.write(f"=== e2e: cluster lock taken after {time.monotonic() - t0:.0f}s\n")
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    if _Session.lock is not None:
-        fcntl.flock(_Session.lock, fcntl.LOCK_UN)
-        _Session.lock.close()
-        _Session.lock = None
+    if _Session.locked:
+        release_lock()
+        _Session.locked = False
 
 
 # Package scope: the chart is uninstalled right after the last story, so later cluster
@@ -142,21 +104,22 @@ def kube() -> Iterator[Kube]:
     if _Session.problem:
         if "failed" in _Session.problem or "held" in _Session.problem:
             pytest.fail(_Session.problem, pytrace=False)
-        _skip_loudly(_Session.problem)
-    assert _Session.lock is not None, "the cluster lock was not taken"
+        loud_skip("e2e stories", _Session.problem)
+    assert _Session.locked, "the cluster lock was not taken"
     t0 = time.monotonic()
     started_here = False
     k: Kube | None = None
     try:
-        if _script(str(CLUSTER_SCRIPT), "status", timeout=60, stream=False).returncode != 0:
+        if run_script("status", timeout=60).returncode != 0:
             started_here = True
-            up = _script(str(CLUSTER_SCRIPT), "up", timeout=UP_TIMEOUT_S)
+            up = run_script("up", timeout=UP_TIMEOUT_S, stream=True)
             assert up.returncode == 0, "hack/local-up-cluster.sh up failed: see above"
         # The image built before the lock, even if the sources changed meanwhile.
-        imp = _script(str(BUILD_SCRIPT), "--import-tar", _Session.tar, timeout=600)
+        imp = run_script(
+            "--import-tar", _Session.tar, script=BUILD_SCRIPT, timeout=600, stream=True
+        )
         assert imp.returncode == 0, "importing the image failed: see above"
-        env = _script(str(CLUSTER_SCRIPT), "env", timeout=60, stream=False)
-        k = Kube(env=parse_env(env.stdout), helm_bin=_Session.helm)
+        k = Kube(env=cluster_info().env, helm_bin=_Session.helm)
         if k.kubectl("get", "namespace", AGENT_NS, check=False).returncode != 0:
             k.kubectl("create", "namespace", AGENT_NS)
         k.kubectl(
@@ -178,7 +141,7 @@ def kube() -> Iterator[Kube]:
         if k is not None:
             k.uninstall()
         if started_here and os.environ.get("GPU_SHARE_CLUSTER_KEEP") != "1":
-            _script(str(CLUSTER_SCRIPT), "down", timeout=300)
+            run_script("down", timeout=300, stream=True)
 
 
 @pytest.fixture

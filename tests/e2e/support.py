@@ -9,24 +9,19 @@ container holds.
 from __future__ import annotations
 
 import json
-import os
-import shlex
 import subprocess
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-CLUSTER_SCRIPT = REPO / "hack" / "local-up-cluster.sh"
-BUILD_SCRIPT = REPO / "hack" / "build-image.sh"
+from tests.harness import REPO, Kubectl, wait_until
+
 CHART = REPO / "charts" / "gpu-share"
 VALUES = (
     REPO / "values-examples" / "dummy-npu.yaml",
     REPO / "values-examples" / "local-cluster.yaml",
 )
-LOCK_FILE = os.environ.get("GPU_SHARE_CLUSTER_LOCK", "/tmp/gpu-share-cluster.lock")
 
 RELEASE = "gpu-share"
 AGENT_NS = "gpu-share"
@@ -48,61 +43,9 @@ SEEN_CMD = (
 )
 
 
-def wait_until(what: str, check: Callable[[], Any], timeout: float, interval: float = 1.0) -> Any:
-    """Polls ``check`` until it returns something truthy (returned); bounded in time."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        last = check()
-        if last:
-            return last
-        if time.monotonic() > deadline:
-            raise AssertionError(
-                f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})"
-            )
-        time.sleep(interval)
-
-
-def parse_env(text: str) -> dict[str, str]:
-    env: dict[str, str] = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if line.startswith("export "):
-            name, _, value = line[len("export ") :].partition("=")
-            words = shlex.split(value)
-            env[name] = words[0] if words else ""
-    return env
-
-
 @dataclass
-class Kube:
-    """kubectl + helm against the local cluster, as the admin."""
-
-    env: dict[str, str]
-    helm_bin: str
-    log: list[str] = field(default_factory=list)
-
-    @property
-    def node(self) -> str:
-        return self.env["NODE_NAME"]
-
-    def run(
-        self,
-        cmd: Sequence[str],
-        *,
-        check: bool = True,
-        timeout: float = 180,
-        input: str | None = None,
-    ) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "KUBECONFIG": self.env["KUBECONFIG"]}
-        proc = subprocess.run(
-            list(cmd), capture_output=True, text=True, timeout=timeout, input=input, env=env
-        )
-        if check and proc.returncode != 0:
-            raise AssertionError(
-                f"{shlex.join(cmd)} failed (rc={proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
-            )
-        return proc
+class Kube(Kubectl):
+    """kubectl + helm against the local cluster, as the admin, and the chart's agent."""
 
     def wait_ready(self, namespace: str, timeout_s: int = 120) -> None:
         """Every pod of ``namespace`` Ready."""
@@ -126,19 +69,6 @@ class Kube:
             for k, v in kubelet_devices(self.env["POD_RESOURCES_SOCKET"]).items()
             if k[0] == namespace
         }
-
-    def kubectl(self, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
-        return self.run([self.env["KUBECTL"], *args], **kw)
-
-    def helm(self, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
-        return self.run([self.helm_bin, *args], **kw)
-
-    def get(self, *args: str) -> Any:
-        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
-
-    def apply(self, docs: Iterable[Mapping[str, Any]]) -> None:
-        text = "\n---\n".join(json.dumps(d) for d in docs)
-        self.kubectl("apply", "-f", "-", input=text)
 
     # ------------------------------------------------------------------ the node
 
@@ -507,19 +437,6 @@ def assert_consistent(kube: Kube, timeout: float = 60) -> Audit:
 # and each container's SEEN line in the kubelet's log files).
 
 DEVICE_MIB = UNITS_PER_DEVICE * 1024  # values-examples/local-cluster.yaml: 16 GiB devices
-
-
-def cluster(*args: str, timeout: float = 240) -> float:
-    """Runs ``hack/local-up-cluster.sh ARGS``; returns its wall time (s), fails on rc != 0."""
-    t0 = time.monotonic()
-    proc = subprocess.run(
-        ["bash", str(CLUSTER_SCRIPT), *args], capture_output=True, text=True, timeout=timeout
-    )
-    assert proc.returncode == 0, (
-        f"local-up-cluster.sh {' '.join(args)} failed (rc={proc.returncode}):\n"
-        f"{proc.stderr[-3000:]}"
-    )
-    return time.monotonic() - t0
 
 
 def agent_host_pid(kube: Kube) -> int:

@@ -16,8 +16,8 @@ from tests.e2e.support import (
     device_of,
     kubelet_devices,
     pod,
-    wait_until,
 )
+from tests.harness import wait_until
 
 pytestmark = pytest.mark.e2e
 

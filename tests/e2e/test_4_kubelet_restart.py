@@ -3,14 +3,12 @@ keep their slices, and a new pod gets a slice that does not overlap theirs."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import time
 
 import pytest
 
 from tests.e2e.support import (
-    CLUSTER_SCRIPT,
     DEVICES,
     MEM,
     UNITS_PER_DEVICE,
@@ -19,8 +17,8 @@ from tests.e2e.support import (
     container,
     kubelet_devices,
     pod,
-    wait_until,
 )
+from tests.harness import cluster_cmd, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -48,13 +46,7 @@ def test_story4_kubelet_restart_plugin_reregisters_slices_kept(agent: Kube, name
     assert len(before) == 3
     uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in agent.pods(namespace)}
 
-    proc = subprocess.run(
-        ["bash", str(CLUSTER_SCRIPT), "restart-kubelet"],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert proc.returncode == 0, proc.stderr
+    cluster_cmd("restart-kubelet", timeout=240)
     t0 = time.monotonic()
     wait_until(
         "the new kubelet lists our devices as allocatable",

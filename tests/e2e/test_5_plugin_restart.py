@@ -12,8 +12,8 @@ from tests.e2e.support import (
     container,
     kubelet_devices,
     pod,
-    wait_until,
 )
+from tests.harness import wait_until
 
 pytestmark = pytest.mark.e2e
 

@@ -18,8 +18,8 @@ from tests.e2e.support import (
     container,
     kubelet_devices,
     pod,
-    wait_until,
 )
+from tests.harness import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 

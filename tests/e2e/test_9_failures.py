@@ -33,7 +33,6 @@ from tests.e2e.support import (
     Kube,
     agent_host_pid,
     assert_consistent,
-    cluster,
     container,
     env_commitment,
     env_matches_kubelet,
@@ -41,8 +40,8 @@ from tests.e2e.support import (
     overcommit,
     pod,
     seen_on_host,
-    wait_until,
 )
+from tests.harness import cluster_cmd, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -125,7 +124,7 @@ def test_story9a_apiserver_down_mid_burst_no_overcommit_then_reconciled(
                 interval=0.5,
             )
             time.sleep(2)  # the kubelet's watch delivers them; admission waits on the agent
-            cluster("stop-apiserver", timeout=60)
+            cluster_cmd("stop-apiserver", timeout=60)
             down = True
         t_down = time.monotonic()
         while time.monotonic() - t_down < OUTAGE_S:
@@ -134,7 +133,7 @@ def test_story9a_apiserver_down_mid_burst_no_overcommit_then_reconciled(
             time.sleep(1)
     finally:
         if down:
-            up_s = cluster("start-apiserver", timeout=240)
+            up_s = cluster_cmd("start-apiserver", timeout=240)
     _say(
         f"9a: {len(admitted_while_down)}/{len(BURST_BEFORE)} pods admitted while the API "
         f"server was down; it came back in {up_s:.0f}s"
@@ -201,12 +200,12 @@ def test_story9b_node_reboot_kubelet_and_agent_restart_slices_kept(
     pid = agent_host_pid(agent)
 
     t0 = time.monotonic()
-    cluster("stop-kubelet", timeout=60)
+    cluster_cmd("stop-kubelet", timeout=60)
     try:
         os.kill(pid, signal.SIGKILL)
         wait_until("the agent process gone", lambda: not Path(f"/proc/{pid}").exists(), 30, 0.2)
     finally:
-        cluster("start-kubelet", timeout=240)
+        cluster_cmd("start-kubelet", timeout=240)
     t_kubelet = time.monotonic() - t0
 
     def agent_back() -> bool:
@@ -278,15 +277,6 @@ def _node_events(kube: Kube, reason: str) -> list[str]:
     return [str(e.get("message", "")) for e in items]
 
 
-def _poll(check: Any, timeout: float) -> Any:
-    """Like wait_until, but returns the last (falsy) value instead of failing: the
-    assertion comes later, after the over-commit check."""
-    deadline = time.monotonic() + timeout
-    while not (last := check()) and time.monotonic() < deadline:
-        time.sleep(1)
-    return last
-
-
 def _rolled(kube: Kube, old_uid: str) -> Any:
     return lambda: (p := kube.ready_agent()) and p["metadata"]["uid"] != old_uid
 
@@ -312,10 +302,24 @@ def test_story9c_rollback_after_unit_size_upgrade_with_running_slices(
     wait_until("the agent pod rolled (upgrade)", _rolled(agent, old["metadata"]["uid"]), 180)
     cfg = agent.agent_exec("cat", "/etc/gpu-share/config.yaml").stdout
     assert "2048" in cfg, cfg
-    time.sleep(5)  # let a wrong ListAndWatch answer reach the node, if there is one
+    # The old agent's SIGTERM reports every device going (allocatable 0) and the kubelet
+    # posts node status only every ~10 s: wait for the new agent's first answer to land,
+    # then a little longer so that a wrong later answer would show too.
+    wait_until(
+        "the new agent's devices on the node",
+        lambda: agent.node_resources()["allocatable"][MEM] > 0,
+        90,
+        fail=False,
+    )
+    time.sleep(12)
     upgraded = agent.node_resources()["allocatable"]
     upgraded_unit = agent.inventory().get("unitMiB")
-    deferred = _poll(lambda: _node_events(agent, "MemoryUnitChangeDeferred"), 30) or [""]
+    deferred = wait_until(
+        "a MemoryUnitChangeDeferred event",
+        lambda: _node_events(agent, "MemoryUnitChangeDeferred"),
+        30,
+        fail=False,
+    ) or [""]
     agent.apply([pod("b", namespace, [container("main", 6, 0)])])
     agent.kubectl(
         "-n", namespace, "wait", "--for=condition=Ready", "pod/b", "--timeout=120s", timeout=150
@@ -372,6 +376,6 @@ def test_story9c_rollback_after_unit_size_upgrade_with_running_slices(
     )
     assert "1024" in deferred[0] and "2048" in deferred[0], deferred
     assert b_seen.get("mem") == "6144", b_seen
-    assert agent.node_resources()["allocatable"] == FULL
+    wait_until("allocatable full", lambda: agent.node_resources()["allocatable"] == FULL, 60)
     assert_consistent(agent)
     assert not (bad := env_matches_kubelet(agent, namespace)), "\n".join(bad)

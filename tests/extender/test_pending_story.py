@@ -12,13 +12,15 @@ import json
 import subprocess
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gpu_share.sharing.placement import Shape, Workload
 from tests.extender.scheduler_support import CORE, MEM, extender_and_scheduler
-from tests.extender.test_real_scheduler import _cluster_env
+from tests.harness import live_cluster, wait_until
 from tests.support.host_agent import HostAgent
 
 pytestmark = pytest.mark.cluster
@@ -47,12 +49,14 @@ def _pod(name: str, sched: str, mem: int) -> dict:
     }
 
 
-def test_pod_that_fits_no_single_device_stays_pending_with_a_reason(tmp_path: Path) -> None:
+def test_pod_that_fits_no_single_device_stays_pending_with_a_reason(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     from kubernetes import client as k8s
 
     from gpu_share.kube.client import make_api_client
 
-    env = _cluster_env()
+    env = live_cluster(request, "pending story")
     kubeconfig = env["KUBECONFIG"]
     api = make_api_client(kubeconfig)
     core = k8s.CoreV1Api(api)
@@ -70,12 +74,14 @@ def test_pod_that_fits_no_single_device_stays_pending_with_a_reason(tmp_path: Pa
     workload = Workload([Shape(5, 10, 1.0), Shape(6, 10, 1.0)])
     try:
         agent.start()
-        deadline = time.monotonic() + 60
         # The extender sees the node through the agent's inventory annotation.
         key = "gpu-share.vendor.com/inventory"
-        while key not in (core.read_node(env["NODE_NAME"]).metadata.annotations or {}):
-            assert time.monotonic() < deadline, "no inventory annotation on the node"
-            time.sleep(0.5)
+        wait_until(
+            "the inventory annotation on the node",
+            lambda: key in (core.read_node(env["NODE_NAME"]).metadata.annotations or {}),
+            60,
+            0.5,
+        )
         core.create_namespace({"metadata": {"name": ns}})
         with extender_and_scheduler(
             api,
@@ -129,15 +135,17 @@ def _unschedulable(pod: object) -> bool:
     return any(c.type == "PodScheduled" and c.reason == "Unschedulable" for c in conds)
 
 
-def _wait(core: object, ns: str, name: str, pred: object, timeout: float) -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        pod = core.read_namespaced_pod(name, ns)  # type: ignore[attr-defined]
-        if pred(pod):  # type: ignore[operator]
+def _wait(core: Any, ns: str, name: str, pred: Callable[[Any], bool], timeout: float) -> Any:
+    """The pod once ``pred`` holds; fails at once if it Failed."""
+
+    def check() -> Any:
+        pod = core.read_namespaced_pod(name, ns)
+        if pred(pod):
             return pod
-        assert pod.status.phase != "Failed", f"{ns}/{name} failed: {pod.status.message}"  # type: ignore[attr-defined]
-        assert time.monotonic() < deadline, f"{ns}/{name}: {pod.status}"
-        time.sleep(0.5)
+        assert pod.status.phase != "Failed", f"{ns}/{name} failed: {pod.status.message}"
+        return None
+
+    return wait_until(f"{ns}/{name}", check, timeout, 0.5)
 
 
 def _event_messages(core: object, ns: str, name: str) -> list[str]:

@@ -15,10 +15,6 @@ Needs the local cluster (hack/local-up-cluster.sh up); cleans up its nodes and p
 from __future__ import annotations
 
 import contextlib
-import random
-import socket
-import subprocess
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -29,6 +25,7 @@ from bench.replay import trace
 from gpu_share.sharing.annotations import InventoryAnnotation, InventoryDevice, inventory_key
 from gpu_share.sharing.placement import ClusterIndex, Shape, TieBreak, Workload, make_policy
 from tests.extender.scheduler_support import extender_and_scheduler
+from tests.harness import live_cluster, wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -39,41 +36,12 @@ N_NODES = 100
 KEY = b"real-scheduler-test-key-0123456789"
 
 
-def _cluster_env() -> dict[str, str]:
-    out = subprocess.run(
-        ["bash", str(ROOT / "hack/local-up-cluster.sh"), "env"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    env = {}
-    for line in out.stdout.splitlines():
-        if line.startswith("export ") and "=" in line:
-            k, v = line[len("export ") :].split("=", 1)
-            env[k] = v.strip('"')
-    status = subprocess.run(
-        ["bash", str(ROOT / "hack/local-up-cluster.sh"), "status"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    if "kube-apiserver" not in status.stdout or "running" not in status.stdout:
-        pytest.skip("local cluster is not up (hack/local-up-cluster.sh up)")
-    return env
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def test_real_scheduler_matches_simulator(tmp_path: Path) -> None:
+def test_real_scheduler_matches_simulator(tmp_path: Path, request: pytest.FixtureRequest) -> None:
     from kubernetes import client as k8s  # the test may import it; the package may not
 
     from gpu_share.kube.client import make_api_client
 
-    env = _cluster_env()
+    env = live_cluster(request, "real-scheduler test")
     kubeconfig = env["KUBECONFIG"]
     sched_bin = Path(env["K8S_BIN_DIR"]) / "kube-scheduler"
     api = make_api_client(kubeconfig)
@@ -219,15 +187,14 @@ def test_real_scheduler_matches_simulator(tmp_path: Path) -> None:
 
 def _wait_placed(core: Any, ns: str, name: str, timeout: float) -> str | None:
     """The node the pod was bound to, or None once the scheduler calls it unschedulable."""
-    deadline = time.monotonic() + timeout
-    delay = 0.02
-    while time.monotonic() < deadline:
+
+    def placed() -> tuple[str | None] | None:
         pod = core.read_namespaced_pod(name, ns)
         if pod.spec.node_name:
-            return str(pod.spec.node_name)
+            return (str(pod.spec.node_name),)
         for c in pod.status.conditions or []:
             if c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable":
-                return None
-        time.sleep(delay)
-        delay = min(0.2, delay * 1.5 + random.random() * 0.01)
-    raise AssertionError(f"pod {ns}/{name} neither bound nor unschedulable in {timeout} s")
+                return (None,)
+        return None
+
+    return wait_until(f"pod {ns}/{name} bound or unschedulable", placed, timeout, 0.05)[0]

@@ -24,7 +24,8 @@ from gpu_share.sharing.annotations import InventoryAnnotation, InventoryDevice, 
 from gpu_share.sharing.model_req import DEFAULT_MODEL_LABEL, models_key
 from gpu_share.sharing.placement import ModelReq, Shape, Workload
 from tests.extender.scheduler_support import CORE, MEM, extender_and_scheduler
-from tests.extender.test_real_scheduler import _cluster_env, _wait_placed
+from tests.extender.test_real_scheduler import _wait_placed
+from tests.harness import live_cluster, wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -77,12 +78,14 @@ def _pod(name: str, sched: str, tag: str, units: int, **extra: Any) -> dict[str,
     }
 
 
-def test_model_restricted_pods_land_on_allowed_models_or_stay_pending(tmp_path: Path) -> None:
+def test_model_restricted_pods_land_on_allowed_models_or_stay_pending(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     from kubernetes import client as k8s  # the test may import it; the package may not
 
     from gpu_share.kube.client import make_api_client
 
-    env = _cluster_env()
+    env = live_cluster(request, "real-scheduler test")
     kubeconfig = env["KUBECONFIG"]
     api = make_api_client(kubeconfig)
     core = k8s.CoreV1Api(api)
@@ -146,10 +149,8 @@ def test_model_restricted_pods_land_on_allowed_models_or_stay_pending(tmp_path: 
 
 
 def _event_messages(core: Any, ns: str, name: str) -> list[str]:
-    deadline = time.monotonic() + 15
-    while True:
+    def messages() -> list[str]:
         evs = core.list_namespaced_event(ns, field_selector=f"involvedObject.name={name}")
-        msgs = [e.message or "" for e in evs.items]
-        if msgs or time.monotonic() > deadline:
-            return msgs
-        time.sleep(0.5)
+        return [e.message or "" for e in evs.items]
+
+    return wait_until(f"events of {ns}/{name}", messages, 15, 0.5, fail=False)
