@@ -11,16 +11,31 @@ the kubelet would make it -- and a fake PodResources server
 Phases: sequential (one pod at a time, like the kubelet) and C concurrent callers (each
 admitting its own pods; each caller's pods ask a distinct size so identity stays
 unambiguous). Each call's latency includes the agent's PodResources round trip and its
-ledger fsync. Prints p50/p99 per call, and the ListAndWatch message size.
+ledger journal append. Prints p50/p99 per call, and the ListAndWatch message size.
 
-    python -m bench.agent.micro [--pods 250] [--concurrency 8] [--json OUT]
+``--agent-process`` runs the agent in its own process (as deployed: the kubelet is
+another process), pod specs handed over as files; by default everything shares one
+Python process, so the callers' own gRPC work competes with the agent for one GIL.
+
+The simulated kubelet keeps its free lists true: its GetPreferredAllocation calls of one
+resource take turns (outside the measured time), as the kubelet's device manager
+serializes its bookkeeping; Allocates and the other resource's calls run concurrently.
+``--stale-lists`` lets all calls fly at once (the harness of the first runs): a caller's
+list may then name units another caller is just being given, and the agent, trusting
+the kubelet, releases that pod or refuses the call (counted as failures).
+
+    python -m bench.agent.micro [--pods 250] [--concurrency 8] [--agent-process] [--json OUT]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import pickle
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -116,6 +131,37 @@ class MemoryPods:
             return list(self.pods.values())
 
 
+class FilePods:
+    """PodSource of an agent in its own process: one pickled PodView per file, written
+    by the simulated kubelet (the stand-in for the API server's watch cache)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def _path(self, namespace: str, name: str) -> Path:
+        return self.root / f"{namespace}_{name}.pickle"
+
+    def put(self, view: PodView) -> None:
+        tmp = self._path(view.namespace, view.name).with_suffix(".tmp")
+        tmp.write_bytes(pickle.dumps(view))
+        os.replace(tmp, self._path(view.namespace, view.name))
+
+    def drop(self, namespace: str, name: str) -> None:
+        self._path(namespace, name).unlink(missing_ok=True)
+
+    def get_pod(self, namespace: str, name: str) -> PodView | None:
+        try:
+            view = pickle.loads(self._path(namespace, name).read_bytes())
+        except FileNotFoundError:
+            return None
+        assert isinstance(view, PodView)
+        return view
+
+    def list_node_pods(self, node_name: str) -> list[PodView]:
+        return [v for p in sorted(self.root.glob("*.pickle"))
+                if (v := self.get_pod(*p.stem.split("_", 1))) is not None]
+
+
 @dataclass
 class Kubelet:
     """What the simulated kubelet knows: admitted pods and the ids each holds."""
@@ -123,17 +169,24 @@ class Kubelet:
     pr: FakePodResources
     specs: MemoryPods
     clients: dict[str, PluginClient]
+    files: FilePods | None = None  # the agent runs in its own process
+    stale_lists: bool = False  # no kubelet-side turn: lists may miss units in flight
     lock: threading.Lock = field(default_factory=threading.Lock)
     held: dict[tuple[str, str], dict[str, list[str]]] = field(default_factory=dict)
     samples: dict[str, list[float]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    admission: dict[str, threading.Lock] = field(
+        default_factory=lambda: {MEM: threading.Lock(), CORE: threading.Lock()}
+    )
 
     def _publish(self) -> None:  # caller holds self.lock
         pods = tuple(
             PodResourcesPod(
                 "bench",
                 name,
-                (PodResourcesContainer("main", {k: tuple(v) for k, v in devs.items()}),),
+                (PodResourcesContainer("main", {
+                    k: tuple(v) for k, v in devs.items() if not k.endswith(" offered")
+                }),),
             )
             for (_ns, name), devs in self.held.items()
         )
@@ -142,7 +195,10 @@ class Kubelet:
     def free_ids(self, resource: str) -> list[str]:
         latest = self.clients[resource].latest or []
         with self.lock:
-            taken = {i for d in self.held.values() for i in d.get(resource, [])}
+            taken = {
+                i for d in self.held.values()
+                for r in (resource, f"{resource} offered") for i in d.get(r, [])
+            }
         return [d.id for d in latest if d.healthy and d.id not in taken]
 
     def admit(self, name: str, memory_units: int, cores: int, created: float) -> None:
@@ -158,6 +214,8 @@ class Kubelet:
         )
         with self.specs.lock:
             self.specs.pods[("bench", name)] = view
+        if self.files is not None:
+            self.files.put(view)
         with self.lock:
             self.held[("bench", name)] = {}
             self._publish()
@@ -166,18 +224,29 @@ class Kubelet:
                 continue
             client = self.clients[resource]
             try:
-                t0 = time.perf_counter()
-                ids = client.preferred_allocation(self.free_ids(resource), [], n)
-                t1 = time.perf_counter()
+                # The kubelet's device bookkeeping is serialized (one mutex): its free
+                # list never misses ids it is handing to another container. Only the
+                # time inside the plugin's calls is measured.
+                turn = contextlib.nullcontext() if self.stale_lists else self.admission[resource]
+                with turn:
+                    free = self.free_ids(resource)
+                    t0 = time.perf_counter()
+                    ids = client.preferred_allocation(free, [], n)
+                    t1 = time.perf_counter()
+                    with self.lock:
+                        self.held[("bench", name)][f"{resource} offered"] = list(ids)
+                t1b = time.perf_counter()
                 client.allocate(ids)
                 t2 = time.perf_counter()
             except Exception as exc:  # a benchmark counts failures
                 detail = exc.details() if isinstance(exc, grpc.RpcError) else str(exc)
                 self.errors.append(f"{name} {resource}: {detail}")
-                continue
+                self.delete(name)  # admission failed: the pod is not active
+                return
             with self.lock:
                 self.samples.setdefault(f"GetPreferredAllocation {resource}", []).append(t1 - t0)
-                self.samples.setdefault(f"Allocate {resource}", []).append(t2 - t1)
+                self.samples.setdefault(f"Allocate {resource}", []).append(t2 - t1b)
+                self.held[("bench", name)].pop(f"{resource} offered", None)
                 self.held[("bench", name)][resource] = list(ids)
                 self._publish()
 
@@ -187,6 +256,28 @@ class Kubelet:
             self._publish()
         with self.specs.lock:
             self.specs.pods.pop(("bench", name), None)
+        if self.files is not None:
+            self.files.drop("bench", name)
+
+
+def serve_agent(root: Path, devices: int, memory_mib: int, unit_mib: int) -> int:
+    """The agent's process of ``--agent-process``: serve until stdin closes."""
+    cfg = agent_config(root, devices, memory_mib, unit_mib)
+    backend = DummyBackend(cfg.dummy, NODE)
+    backend.start()
+    pr_client = PodResourcesClient(str(root / "pr.sock"), timeout_s=2.0, resource_names=[MEM, CORE])
+    agent = NodeAgent(cfg, backend, pod_resources=pr_client, pods=FilePods(root / "specs"),
+                      publisher=None)
+    agent.start()
+    manager = PluginManager(agent.handlers(), root / "dp", fast_plugin_settings())
+    manager.start()
+    try:
+        sys.stdin.read()
+    finally:
+        manager.stop()
+        agent.stop()
+        pr_client.close()
+    return 0
 
 
 def run(
@@ -196,9 +287,12 @@ def run(
     memory_mib: int = 81920,
     unit_mib: int = 256,
     resident: int = 40,
+    agent_process: bool = False,
+    stale_lists: bool = False,
 ) -> dict[str, object]:
     root = Path(tempfile.mkdtemp(prefix="gsm-", dir="/tmp"))
     (root / "dp").mkdir()
+    (root / "specs").mkdir()
     cfg = agent_config(root, devices, memory_mib, unit_mib)
     kubelet_stub = KubeletStub(root / "dp").start()
     fake_pr = FakePodResources(root / "pr.sock").start()
@@ -209,17 +303,32 @@ def run(
     agent = NodeAgent(cfg, backend, pod_resources=pr_client, pods=specs, publisher=None)
     manager: PluginManager | None = None
     kubelet: Kubelet | None = None
+    proc: subprocess.Popen[str] | None = None
     result: dict[str, object] = {}
     try:
-        agent.start()
-        manager = PluginManager(agent.handlers(), root / "dp", fast_plugin_settings())
-        manager.start()
+        if agent_process:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "bench.agent.micro", "--serve-agent", str(root),
+                 "--devices", str(devices), "--memory-mib", str(memory_mib),
+                 "--unit-mib", str(unit_mib)],
+                stdin=subprocess.PIPE, text=True,
+            )
+            kubelet_stub.wait_for_registrations(2, timeout_s=60)
+            endpoints = [h.endpoint for h in agent.handlers()]
+            names = [h.resource_name for h in agent.handlers()]
+        else:
+            agent.start()
+            manager = PluginManager(agent.handlers(), root / "dp", fast_plugin_settings())
+            manager.start()
+            endpoints = [h.endpoint for h in agent.handlers()]
+            names = [h.resource_name for h in agent.handlers()]
         clients = {
-            h.resource_name: kubelet_stub.plugin(h.endpoint).watch() for h in agent.handlers()
+            name: kubelet_stub.plugin(ep).watch() for name, ep in zip(names, endpoints, strict=True)
         }
         for c in clients.values():
             c.wait_for_list(lambda ds: len(ds) > 0, timeout_s=30)
-        kubelet = Kubelet(fake_pr, specs, clients)
+        kubelet = Kubelet(fake_pr, specs, clients,
+                          FilePods(root / "specs") if agent_process else None, stale_lists)
         # Plausible background: pods already running and holding units.
         for i in range(resident):
             kubelet.admit(f"resident-{i}", 4 + i % 8, 10 + 5 * (i % 3) if i % 4 else 0, float(i))
@@ -259,6 +368,9 @@ def run(
         tables[f"{concurrency} concurrent callers"] = kubelet.samples
         result = {
             "shape": f"{devices} x {memory_mib // 1024} GiB at {unit_mib} MiB units",
+            "agent": "own process" if agent_process else "same process as the callers",
+            "free_lists": "may be stale (no kubelet-side turn)" if stale_lists
+            else "true (GetPreferredAllocation of one resource takes turns in the kubelet)",
             "latency_s": {
                 phase: {
                     label: {"p50": percentile(v, 0.5), "p99": percentile(v, 0.99), "n": len(v)}
@@ -275,6 +387,10 @@ def run(
                 c.close()
         if manager is not None:
             manager.stop()
+        if proc is not None:
+            assert proc.stdin is not None
+            proc.stdin.close()
+            proc.wait(30)
         agent.stop()
         pr_client.close()
         fake_pr.stop()
@@ -288,7 +404,8 @@ def run(
 
 
 def render(result: dict[str, object]) -> str:
-    lines = [f"micro-benchmark (real agent, no kubelet): {result.get('shape')}"]
+    lines = [f"micro-benchmark (real agent, no kubelet): {result.get('shape')};"
+             f" agent in {result.get('agent')}; free lists {result.get('free_lists')}"]
     latency = result.get("latency_s")
     assert isinstance(latency, dict)
     lines.append(f"{'phase':<22} {'call':<48} {'n':>5} {'p50 ms':>8} {'p99 ms':>8}")
@@ -316,8 +433,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pods", type=int, default=250)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--agent-process", action="store_true")
+    parser.add_argument("--stale-lists", action="store_true",
+                        help="8 callers' GetPreferredAllocation calls all in flight at once;"
+                        " a free list may then miss units another caller is being given")
+    parser.add_argument("--serve-agent", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--devices", type=int, default=8)
+    parser.add_argument("--memory-mib", type=int, default=81920)
+    parser.add_argument("--unit-mib", type=int, default=256)
     ns = parser.parse_args(argv)
-    result = run(ns.pods, ns.concurrency)
+    if ns.serve_agent is not None:
+        return serve_agent(ns.serve_agent, ns.devices, ns.memory_mib, ns.unit_mib)
+    result = run(ns.pods, ns.concurrency, ns.devices, ns.memory_mib, ns.unit_mib,
+                 agent_process=ns.agent_process, stale_lists=ns.stale_lists)
     print(render(result))
     if ns.json:
         ns.json.write_text(json.dumps(result, indent=2))

@@ -169,8 +169,8 @@ class Rig:
         for view in self.pods.pods.values():
             pods.setdefault((view.namespace, view.name), [])
         for (ns, pod), conts in pods.items():
-            view = self.pods.pods.get((ns, pod))
-            names = [c.name for c in view.containers] if view else []
+            found = self.pods.pods.get((ns, pod))
+            names = [c.name for c in found.containers] if found else []
             for name in names:
                 devs = self.held.get((ns, pod, name), {})
                 conts.append(PodResourcesContainer(name, {k: tuple(v) for k, v in devs.items()}))
@@ -180,12 +180,14 @@ class Rig:
             )
         )
 
-    def admit(self, view: PodView, rng: random.Random) -> dict[str, dict[str, list[str]]]:
+    def admit(
+        self, view: PodView, rng: random.Random
+    ) -> dict[str, dict[str, list[tuple[str, str]]]]:
         """What the kubelet does for one pod: containers in order, resources in random
         order, GetPreferredAllocation then Allocate, then record the devices."""
         self.pods.pods[(view.namespace, view.name)] = view
         self.publish_pr()
-        envs: dict[str, dict[str, list[str]]] = {}
+        envs: dict[str, dict[str, list[tuple[str, str]]]] = {}
         for c in view.containers:
             wanted = [(MEM, c.request.memory_units), (CORE, c.request.cores)]
             wanted = [(r, n) for r, n in wanted if n > 0]
@@ -195,7 +197,9 @@ class Rig:
                 ids = client.preferred_allocation(self.free_ids(resource), [], n)
                 assert len(ids) == n
                 resp = client.allocate(ids)
-                envs.setdefault(c.name, {})[resource] = sorted(resp.envs.items())
+                envs.setdefault(c.name, {})[resource] = sorted(
+                    (str(k), str(v)) for k, v in resp.envs.items()
+                )
                 self.held.setdefault((view.namespace, view.name, c.name), {})[resource] = ids
                 self.publish_pr()
         return envs

@@ -9,16 +9,24 @@ import os
 import shutil
 import signal
 import socket
+import time
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from gpu_share.agent.node_agent import AgentMetrics, NodeAgent
-from gpu_share.agent.state import MAX_LEDGER_BYTES, MAX_QUARANTINED, TOO_LARGE, UNREADABLE
+from gpu_share.agent.node_agent import JOURNAL_TORN, AgentMetrics, NodeAgent
+from gpu_share.agent.state import (
+    JOURNAL_PREFIX,
+    MAX_LEDGER_BYTES,
+    MAX_QUARANTINED,
+    TOO_LARGE,
+    UNREADABLE,
+    LedgerStore,
+)
 from gpu_share.config.model import AgentConfig
 from gpu_share.devices.dummy import DummyBackend
 from gpu_share.plugin.manager import PluginManager
@@ -28,6 +36,7 @@ from gpu_share.sharing.model import (
     PodResourcesContainer,
     PodResourcesPod,
     PodResourcesView,
+    ResourceKind,
 )
 from tests.agent.served_agent import (
     CORE,
@@ -257,15 +266,23 @@ def served(node: Node) -> Iterator[tuple[Node, dict[str, PluginClient]]]:
 def test_failed_ledger_write_is_reported_not_internal(
     served: tuple[Node, dict[str, PluginClient]],
 ) -> None:
-    """Old code: the OSError from the write reached the kubelet as INTERNAL."""
+    """Old code: the OSError from the write reached the kubelet as INTERNAL. Calls append
+    to the journal, a snapshot follows in the background: both made unwritable here."""
     node, clients = served
     mem = clients[MEM]
     ids = [d.id for d in mem.wait_for_list(lambda ds: len(ds) > 0)]
-    # os.replace() onto a non-empty directory fails even for root (unlike chmod).
-    if node.ledger.exists():
-        node.ledger.unlink()
-    node.ledger.mkdir()
-    (node.ledger / "keep").write_text("x")
+    assert node.agent is not None
+    store = node.agent._store
+    # os.replace() onto (and open() of) a non-empty directory fails even for root.
+    planted = [node.ledger] + [
+        node.ledger.with_name(f"{JOURNAL_PREFIX}{g}")
+        for g in range(store.journal_gen, store.journal_gen + 200)
+    ]
+    for p in planted:
+        if p.exists():
+            p.unlink()
+        p.mkdir()
+        (p / "keep").write_text("x")
     for n in (2, 3):
         offered = mem.preferred_allocation(ids, [], n)
         assert len(mem.allocate(offered).envs) > 0
@@ -273,12 +290,141 @@ def test_failed_ledger_write_is_reported_not_internal(
     assert node.metrics.write_failures >= 4  # (a reconcile pass may add one)
     (msg,) = node.events("LedgerWriteFailed")  # once per failing stretch
     assert "ledger not written" in msg
-    shutil.rmtree(node.ledger)
+    for p in planted:
+        shutil.rmtree(p)
     mem.preferred_allocation(ids, [], 1)
+    deadline = time.monotonic() + 10
+    while not node.ledger.is_file() and time.monotonic() < deadline:
+        time.sleep(0.05)  # the background snapshot
     assert node.ledger.is_file()  # written again once the fault is gone
-    assert node.agent is not None and node.agent.engine is not None
+    assert node.agent.engine is not None
+    node.agent.compact()
     on_disk = json.loads(node.ledger.read_text())
     assert len(on_disk["entries"]) == len(node.agent.engine.ledger.entries) == 3
+
+
+# ---------------------------------------------------------------- the journal
+# On disk: a snapshot (ledger.json) plus an append-only journal of changes
+# (ledger.journal.<gen>), compacted into a new snapshot in the background. A crash may
+# cut the last record short: left out (counted), never fatal. Any other unreadable
+# record quarantines snapshot and journal together, like an unreadable ledger.
+MEM_KIND = ResourceKind.MEMORY
+
+
+def _record(*entries: dict[str, object], removed: Sequence[str] = ()) -> str:
+    return json.dumps({
+        "seq": 0, "memoryUnitMiB": 1024, "entries": list(entries),
+        "removed": [{"namespace": "default", "podName": p, "containerName": "main",
+                     "podUid": f"uid-{p}"} for p in removed],
+    })
+
+
+def _journal(node: Node, gen: int) -> Path:
+    return node.dir / "state" / f"{JOURNAL_PREFIX}{gen}"
+
+
+def _snapshot(node: Node, gen: int, *entries: dict[str, object]) -> None:
+    doc = json.loads(_doc(*entries))
+    doc["journal"] = gen
+    node.ledger.write_text(json.dumps(doc))
+
+
+def _pods(node: Node) -> list[str]:
+    assert node.agent is not None and node.agent.engine is not None
+    return sorted(e.ref.pod_name for e in node.agent.engine.ledger.entries)
+
+
+def test_journal_records_after_the_snapshot_are_replayed(node: Node) -> None:
+    dev = node.uuids()[0]
+    _snapshot(node, 3, _entry("a", [f"{dev}::mem::0"], dev))
+    _journal(node, 2).write_text(_record(_entry("old", [f"{dev}::mem::9"], dev)) + "\n")
+    _journal(node, 3).write_text(
+        _record(_entry("b", [f"{dev}::mem::1"], dev)) + "\n"
+        + _record(removed=["a"]) + "\n"
+    )
+    # A crash between opening the next generation and writing its snapshot: both count.
+    _journal(node, 4).write_text(_record(_entry("c", [f"{dev}::mem::2"], dev)) + "\n")
+    node.start(api=False)
+    assert _pods(node) == ["b", "c"]  # "old" predates the snapshot: not replayed
+    assert node.corrupt_files() == [] and node.metrics.anomalies == Counter()
+    # Start folds it all into a new snapshot; the old generations are gone.
+    assert [p.name for p in (node.dir / "state").glob(f"{JOURNAL_PREFIX}*")] == []
+    on_disk = json.loads(node.ledger.read_text())
+    assert sorted(e["podName"] for e in on_disk["entries"]) == ["b", "c"]
+    assert on_disk["journal"] > 4
+
+
+def test_journal_without_a_snapshot_is_read(node: Node) -> None:
+    dev = node.uuids()[0]
+    _journal(node, 1).write_text(_record(_entry("a", [f"{dev}::mem::0"], dev)) + "\n")
+    node.start(api=False)
+    assert _pods(node) == ["a"]
+
+
+def test_torn_last_record_is_left_out_not_fatal(node: Node) -> None:
+    dev = node.uuids()[0]
+    whole = _record(_entry("a", [f"{dev}::mem::0"], dev))
+    torn = _record(_entry("b", [f"{dev}::mem::1"], dev))[:40]  # a crash mid-write
+    _journal(node, 1).write_text(whole + "\n" + torn)
+    node.start(api=False)
+    assert _pods(node) == ["a"]
+    assert node.corrupt_files() == []
+    assert node.metrics.anomalies == Counter({JOURNAL_TORN: 1})
+    node.stop()
+    node.start(api=False)  # no crash loop: the torn record is not appended after
+    assert _pods(node) == ["a"] and node.metrics.anomalies == Counter({JOURNAL_TORN: 1})
+
+
+def test_zero_filled_last_line_is_left_out(node: Node) -> None:
+    """After a power loss the file may end in NULs up to the next block."""
+    dev = node.uuids()[0]
+    whole = _record(_entry("a", [f"{dev}::mem::0"], dev))
+    _journal(node, 1).write_bytes(whole.encode() + b"\n" + b"\0" * 300 + b"\n")
+    node.start(api=False)
+    assert _pods(node) == ["a"] and node.metrics.anomalies == Counter({JOURNAL_TORN: 1})
+
+
+def test_corrupt_record_inside_the_journal_quarantines_ledger_and_journal(node: Node) -> None:
+    dev = node.uuids()[0]
+    _snapshot(node, 1, _entry("a", [f"{dev}::mem::0"], dev))
+    text = "not a record\n" + _record(_entry("b", [f"{dev}::mem::1"], dev)) + "\n"
+    _journal(node, 1).write_text(text)
+    node.start(api=False)
+    assert _pods(node) == []  # starts empty; PodResources re-adopts what runs
+    (moved,) = node.corrupt_files()
+    assert moved.name == "ledger.json.corrupt.0"
+    assert moved.with_name(f"{JOURNAL_PREFIX}1.corrupt.0").read_text() == text
+    assert node.metrics.quarantined == Counter({MALFORMED: 1})
+    (msg,) = node.events("LedgerQuarantined")
+    assert "journal record 0" in msg
+
+
+def test_record_of_the_wrong_shape_quarantines(node: Node) -> None:
+    _journal(node, 1).write_text('{"entries": [{"namespace": 5}]}\n' + _record() + "\n")
+    node.start(api=False)
+    assert node.metrics.quarantined == Counter({MALFORMED: 1})
+
+
+def test_disk_always_holds_the_ledger_in_memory(node: Node) -> None:
+    """At any moment (a crash can come any time): snapshot + journal = the ledger."""
+    agent = node.start(api=False)
+    assert agent.engine is not None
+    store = LedgerStore(str(node.dir / "state"))
+    dev = node.uuids()[0]
+    ids = [f"{dev}::mem::{i}" for i in range(8)]
+    for n in range(1, 6):
+        offered = agent.preferred(MEM_KIND, ids, [], n % 2 + 1)
+        agent.allocate(MEM_KIND, offered)
+        ids = [i for i in ids if i not in offered]
+        read, torn = store.read()
+        assert read is not None and torn == 0
+        assert read.entries == agent.engine.ledger.entries
+    # The background compaction folds the journal into ledger.json within seconds.
+    def folded() -> bool:
+        return len(json.loads(node.ledger.read_text())["entries"]) == 5
+
+    assert wait_until(folded, timeout_s=10)
+    assert len(agent.engine.ledger.entries) == 5
 
 
 # ---------------------------------------------------------------- the real process

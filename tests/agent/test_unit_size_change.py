@@ -8,7 +8,6 @@ another size, their ids would count for more or fewer MiB than their containers 
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from gpu_share.agent.state import LedgerStore
 from gpu_share.config.model import AgentConfig
 from tests.agent.served_agent import CORE, MEM, Rig, agent_config, pod_view, running_rig
 
@@ -51,7 +51,9 @@ def _told(envs: dict[str, dict[str, list[tuple[str, str]]]]) -> tuple[str, int]:
 
 
 def _ledger_unit(rig: Rig) -> int:
-    return int(json.loads((rig.dir / "state" / "ledger.json").read_text())["memoryUnitMiB"])
+    ledger, _torn = LedgerStore(str(rig.dir / "state")).read()  # snapshot + journal
+    assert ledger is not None
+    return ledger.unit_mib
 
 
 def test_rollback_after_unit_upgrade_with_running_slices_never_overcommits(rig: Rig) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -465,13 +466,10 @@ def state_dir(kube: Kube) -> Path:
 def ledger_usage(kube: Kube, devices: Sequence[str], unit_mib: int = 1024) -> dict[str, Any]:
     """The agent's own accounting, from its persisted ledger on the host (no API server
     needed): device -> DeviceUsage (held ids + reservations of decided entries)."""
+    from gpu_share.agent.state import LedgerStore
     from gpu_share.devices.base import Device
     from gpu_share.sharing.inventory import Inventory
-    from gpu_share.sharing.ledger import Ledger
 
-    path = state_dir(kube) / "ledger.json"
-    if not path.exists():
-        return {}
     inv = Inventory.from_devices(
         [
             Device(uuid=u, index=i, minor=i, memory_mib=DEVICE_MIB, model="dummy")
@@ -479,7 +477,21 @@ def ledger_usage(kube: Kube, devices: Sequence[str], unit_mib: int = 1024) -> di
         ],
         unit_mib,
     )
-    return dict(Ledger.from_json(path.read_text()).usage(inv))
+
+    def once() -> dict[str, Any]:
+        ledger, _ = LedgerStore(str(state_dir(kube))).read()  # snapshot + journal
+        return {} if ledger is None else dict(ledger.usage(inv))
+
+    # The agent may compact (new snapshot, older journals removed) between our reads of
+    # the snapshot and the journal: trust two reads in a row that agree.
+    last = once()
+    for _ in range(10):
+        now = once()
+        if now == last:
+            return now
+        last = now
+        time.sleep(0.2)
+    return last
 
 
 def seen_on_host(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from hypothesis import HealthCheck, given, settings
@@ -64,10 +65,13 @@ def run(
     policy: PlacementPolicyName,
     restart_every: int,
     degraded_every: int = 0,
+    on_call: Callable[[KubeletSim], None] | None = None,
 ) -> KubeletSim:
     s = KubeletSim(engine(devices(3, numa=(0, 0, 1)), policy=policy), random.Random(seed))
 
     def hook(sim: KubeletSim) -> None:
+        if on_call is not None:
+            on_call(sim)
         if degraded_every:
             sim.pr_reachable = sim.calls % degraded_every != 0
         if restart_every and sim.calls % restart_every == 0:
@@ -138,6 +142,38 @@ def test_ledger_json_round_trip(ops: list[Op], seed: int) -> None:
     back = Ledger.from_json(text)
     assert back.entries == s.engine.ledger.entries
     assert back.to_json() == text
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(OPS, max_size=12), st.integers(0, 2**16), st.integers(2, 5))
+def test_journal_replay_and_incremental_usage(ops: list[Op], seed: int, every: int) -> None:
+    """Before every kubelet call: usage kept per change equals a recount, and the last
+    snapshot with the journal records drained since gives this ledger back (what a
+    restarted agent reads); every ``every`` calls a new snapshot (compaction)."""
+    disk: dict[str, object] = {"ledger": None, "snapshot": "", "records": []}
+
+    def on_call(sim: KubeletSim) -> None:
+        led, inv = sim.engine.ledger, sim.engine.inventory
+        assert led.usage(inv) == led.recount_usage(inv)
+        records = disk["records"]
+        assert isinstance(records, list)
+        if disk["ledger"] is not led:  # a new ledger object (restart / lost state)
+            led.drain_changes()
+            disk.update(ledger=led, snapshot=led.to_json(), records=[])
+            return
+        record = led.drain_changes()
+        if record is not None:
+            records.append(record)
+        snapshot = disk["snapshot"]
+        assert isinstance(snapshot, str)
+        back = Ledger.from_json(snapshot)
+        for i, r in enumerate(records):
+            back.apply_record(r, f"record {i}")
+        assert back.to_json() == led.to_json()
+        if sim.calls % every == 0:
+            disk.update(snapshot=led.to_json(), records=[])
+
+    run(ops, seed, PlacementPolicyName.BEST_FIT, restart_every=0, on_call=on_call)
 
 
 def test_simulator_detects_split() -> None:

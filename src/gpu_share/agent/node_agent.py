@@ -1,8 +1,10 @@
 """The node agent: I/O and threads around the pure allocation engine.
 
-Every kubelet call runs under one lock: gather facts (PodResources, pod specs), ask the
-engine, persist the ledger, then hand publishing to a background thread. The engine
-(gpu_share.sharing) owns every decision; this module owns when and with which facts.
+A kubelet call gathers its facts (PodResources, pod specs) without the lock, then takes
+the agent's lock only to ask the engine and append the change to the ledger journal;
+publishing goes to a background thread. An Allocate matching the preceding offer needs
+no facts. The engine (gpu_share.sharing) owns every decision; this module owns when and
+with which facts.
 """
 
 from __future__ import annotations
@@ -70,6 +72,11 @@ REFRESH_MAX_AGE_S = 120.0
 HEALTH_MAX_AGE_EXTRA_S = 120.0  # on top of two poll intervals
 # stop(): the agent's share of the 5 s the process has after SIGTERM.
 STOP_TIMEOUT_S = 2.0
+# The journal is folded into a new ledger.json snapshot (off the call path) this often
+# while it has records, or sooner after this many.
+COMPACT_INTERVAL_S = 1.0
+COMPACT_RECORDS = 500
+JOURNAL_TORN = "LedgerJournalTorn"  # ledger_anomaly reason: a crash cut a record short
 
 
 class AgentMetrics:
@@ -162,6 +169,11 @@ class NodeAgent:
         self._metrics = metrics or AgentMetrics()
         self._store = store or LedgerStore(cfg.state_dir)
         self._persist_failing = False  # the last ledger write failed (reported once)
+        # An append failed: no more appends (the file may end in a torn record) until a
+        # snapshot succeeded and a new journal generation is open.
+        self._journal_broken = False
+        self._compact_lock = threading.Lock()  # one compaction at a time
+        self._compacted_at = 0.0  # time.monotonic() of the last one
         self._clock = clock
         self.names = ResourceNames(cfg.resources.memory_resource, cfg.resources.core_resource)
         self.feed = ChangeFeed()
@@ -234,6 +246,9 @@ class NodeAgent:
         if recorded != unit:
             with self._lock:
                 self._persist()  # the unit size the ledger's ids are cut in
+        # A fresh snapshot and journal generation: a torn record at the end of the old
+        # journal is never appended to.
+        self.compact()
         self._metrics.memory_unit(self.cfg.memory_unit_mib, unit)
         if self._publisher is not None:
             self._publisher.start(self.loops)
@@ -278,7 +293,9 @@ class NodeAgent:
         if self._started and self._lock.acquire(timeout=left(0.1)):
             try:
                 self._persist()
+                self._snapshot(self._engine().ledger.to_json(), self._store.journal_gen)
             finally:
+                self._store.close_journal()
                 self._lock.release()
         backend_stop.join(left())
 
@@ -307,8 +324,8 @@ class NodeAgent:
         resource = self._resource(kind)
         t0 = time.perf_counter()
         try:
+            ctx = self._context()  # I/O without the lock: other calls go on meanwhile
             with self._lock:
-                ctx = self._context()
                 result = self._engine().preferred(kind, available, must_include, size, ctx)
                 if result.changed:
                     self._persist()
@@ -324,25 +341,20 @@ class NodeAgent:
         resource = self._resource(kind)
         t0 = time.perf_counter()
         try:
+            # The usual case: these ids are what we offered a moment ago; no need to ask
+            # the kubelet and the API server again (and no second scan in the engine).
             with self._lock:
                 engine = self._engine()
-                # The usual case: these ids are what we offered a moment ago; no need to
-                # ask the kubelet and the API server again.
-                ctx = (
-                    CallContext(pr=None, pods=None, now=self._clock())
+                done = (
+                    self._allocate_locked(resource, kind, ids, None)
                     if engine.has_offer(kind, ids)
-                    else self._context()
+                    else None
                 )
-                result = engine.allocate(kind, ids, ctx)
-                try:
-                    spec = self._spec_for(result.entry)
-                except AllocationError as exc:
-                    if exc.reason == MEMORY_REQUIRED:  # refused: the kubelet runs nothing
-                        engine.ledger.remove(result.entry.ref)
-                    self._persist()
-                    raise
-                self._persist()
-                self._make_host_dir(resource, result.entry)
+            if done is None:
+                ctx = self._context()  # I/O without the lock
+                with self._lock:
+                    done = self._allocate_locked(resource, kind, ids, ctx)
+            result, spec = done
             self._after_call(resource, result)
             self._metrics.allocation(resource, result.entry.source)
             self.feed_inventory_changed()
@@ -354,6 +366,23 @@ class NodeAgent:
             raise
         finally:
             self._metrics.observe_call("allocate", resource, time.perf_counter() - t0)
+
+    def _allocate_locked(
+        self, resource: str, kind: ResourceKind, ids: Sequence[str], ctx: CallContext | None
+    ) -> tuple[Allocation, AllocateSpec]:
+        engine = self._engine()
+        ctx = ctx or CallContext(pr=None, pods=None, now=self._clock())
+        result = engine.allocate(kind, ids, ctx)
+        try:
+            spec = self._spec_for(result.entry)
+        except AllocationError as exc:
+            if exc.reason == MEMORY_REQUIRED:  # refused: the kubelet runs nothing
+                engine.ledger.remove(result.entry.ref)
+            self._persist()
+            raise
+        self._persist()
+        self._make_host_dir(resource, result.entry)
+        return result, spec
 
     # ---- reconciliation, health ------------------------------------------------------------
 
@@ -441,6 +470,7 @@ class NodeAgent:
         self._inventory_dirty.set()
 
     def _refresh_step(self) -> None:
+        self._maybe_compact()
         if not self._inventory_dirty.wait(0.5):
             return
         self._inventory_dirty.clear()
@@ -486,8 +516,7 @@ class NodeAgent:
         (``_apply_configured_unit``). An unreadable ledger is left to ``_load_ledger``."""
         want = self.cfg.memory_unit_mib
         try:
-            text = self._store.load()
-            old = Ledger.from_json(text) if text is not None else None
+            old, _torn = self._read_ledger()
         except LedgerError:
             return want
         if old is None or not old.entries or old.unit_mib in (0, want):
@@ -544,11 +573,16 @@ class NodeAgent:
         container from PodResources. What a readable ledger says that cannot be true here
         is reported and kept (docs/allocation.md, "Ledger file")."""
         try:
-            data = self._store.load()
-            ledger = Ledger.from_json(data) if data is not None else Ledger()
+            read, torn = self._read_ledger()
         except LedgerError as exc:
             self._quarantine_ledger(exc)
             return Ledger()
+        ledger = read or Ledger()
+        if torn:
+            self._metrics.ledger_anomaly(JOURNAL_TORN)
+            log.warning("ledger journal: %d record(s) cut short by a crash left out;"
+                        " PodResources reconciliation restores what they said", torn,
+                        extra={"reason": JOURNAL_TORN})
         anomalies = ledger.anomalies(inventory)
         for a in anomalies:
             self._metrics.ledger_anomaly(a.reason)
@@ -562,6 +596,12 @@ class NodeAgent:
                 f" stay counted as used), e.g. {anomalies[0].message}",
             )
         return ledger
+
+    def _read_ledger(self) -> tuple[Ledger | None, int]:
+        """The snapshot with its journal replayed; appends go to a later generation."""
+        ledger, torn = self._store.read()
+        self._store.journal_gen = self._store.next_gen(ledger)
+        return ledger, torn
 
     def _quarantine_ledger(self, exc: LedgerError) -> None:
         try:
@@ -588,19 +628,70 @@ class NodeAgent:
                                   warning=True)
 
     def _persist(self) -> None:
+        """Append what changed to the journal (one write; a snapshot follows in the
+        background, ``_maybe_compact``). Called under the lock."""
         self._follow_host_dirs()  # before the ledger forgets an entry: its dir goes first
-        try:
-            self._store.save(self._engine().ledger.to_json())
-        except LedgerError as exc:
-            # Not the kubelet's problem: the ledger in memory stays authoritative and
-            # PodResources rebuilds the file's content after a restart; failing the call
-            # would only fail the pod. Reported once per failing stretch.
-            self._metrics.ledger_write_failed()
-            if not self._persist_failing:
-                self._persist_failing = True
-                log.error("ledger not written: %s", exc, extra={"reason": exc.reason})
-                self._ledger_event(exc.reason, f"ledger not written: {exc.message}")
+        record = self._engine().ledger.drain_changes()
+        if record is None:
             return
+        if self._journal_broken:
+            self._metrics.ledger_write_failed()  # not written; the next snapshot holds it
+            return
+        try:
+            if not self._store.journal_open:
+                self._store.open_journal(self._store.journal_gen)
+            self._store.append(record)
+        except LedgerError as exc:
+            self._journal_broken = True
+            self._store.close_journal()
+            self._write_failed(exc)
+            return
+        self._write_ok()
+
+    def compact(self) -> None:
+        """Fold the journal into a new ledger.json: the snapshot is taken under the lock,
+        written without it; appends go to the next generation meanwhile."""
+        with self._compact_lock:
+            with self._lock:
+                self._persist()
+                gen = self._store.journal_gen + 1
+                ledger = self._engine().ledger
+                ledger.journal = gen
+                text = ledger.to_json()
+                self._store.journal_gen = gen
+                self._store.close_journal()  # the next append opens ``gen``
+                self._journal_broken = False
+            self._compacted_at = time.monotonic()
+            self._snapshot(text, gen)
+
+    def _snapshot(self, text: str, gen: int) -> None:
+        try:
+            self._store.save(text)
+        except LedgerError as exc:
+            self._write_failed(exc)  # the journals stay: load replays them all
+            return
+        self._store.drop_journals(gen)
+        self._write_ok()
+
+    def _maybe_compact(self) -> None:
+        records = self._store.journal_records
+        due = time.monotonic() - self._compacted_at >= COMPACT_INTERVAL_S
+        if self.engine is not None and self._started and (
+            records >= COMPACT_RECORDS or (records and due) or self._journal_broken
+        ):
+            self.compact()
+
+    def _write_failed(self, exc: LedgerError) -> None:
+        # Not the kubelet's problem: the ledger in memory stays authoritative and
+        # PodResources rebuilds the file's content after a restart; failing the call
+        # would only fail the pod. Reported once per failing stretch.
+        self._metrics.ledger_write_failed()
+        if not self._persist_failing:
+            self._persist_failing = True
+            log.error("ledger not written: %s", exc, extra={"reason": exc.reason})
+            self._ledger_event(exc.reason, f"ledger not written: {exc.message}")
+
+    def _write_ok(self) -> None:
         if self._persist_failing:
             self._persist_failing = False
             log.info("ledger written again")

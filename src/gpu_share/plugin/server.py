@@ -323,7 +323,7 @@ class PluginServer:
                     thread_name_prefix=f"dp-{self.socket_path.name}",
                 )
             )
-            dp_grpc.add_DevicePluginServicer_to_server(self._servicer, server)  # type: ignore[no-untyped-call]
+            dp_grpc.add_DevicePluginServicer_to_server(self._servicer, server)
             try:
                 server.add_insecure_port(target)
             except RuntimeError as exc:  # gRPC's only signal; the log line has the cause

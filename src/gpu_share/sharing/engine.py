@@ -15,7 +15,7 @@ See docs/allocation.md for the algorithm and docs/architecture.md for the call p
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Literal
 
@@ -196,9 +196,10 @@ class AllocationEngine:
     ) -> Preferred:
         avail = check_preferred(self._inventory, kind, available, must_include, size)
         notes = self._begin(ctx, keep=None)
-        notes += self._release_stale(kind, sorted(set(avail) - set(must_include)), None)
+        notes += self._release_stale(kind, avail.members.difference(must_include), None)
         entry, ambiguity = self._entry(kind, size, avail, must_include, ctx, notes)
-        ids = pick_ids(entry, kind, avail, must_include, size)
+        avoid = self.ledger.offered_to_others(kind, entry.ref)
+        ids = pick_ids(entry, kind, avail, must_include, size, avoid)
         entry = entry.with_offer(kind, ids, ctx.now)
         self.ledger.put(entry)
         notes.extend(self._drain_notes())
@@ -270,15 +271,7 @@ class AllocationEngine:
 
     # ------------------------------------------------------------------ internals
     def _find_offer(self, kind: ResourceKind, ids: Sequence[str]) -> LedgerEntry | None:
-        idset = set(ids)
-        return next(
-            (
-                e
-                for e in self.ledger.entries
-                if not e.allocated(kind) and e.offered(kind) and set(e.offered(kind)) == idset
-            ),
-            None,
-        )
+        return self.ledger.open_offer(kind, ids)
 
     def _offer_for(self, kind: ResourceKind, ids: Sequence[str]) -> LedgerEntry | None:
         """``has_offer``'s entry when it is still the ledger's (nothing ran between),
@@ -308,16 +301,16 @@ class AllocationEngine:
         return out
 
     def _release_stale(
-        self, kind: ResourceKind, free_ids: Sequence[str], own: PodKey | None
+        self, kind: ResourceKind, free_ids: Collection[str], own: PodKey | None
     ) -> list[Note]:
         """The kubelet lists as free only ids no active pod holds, so a pod whose ledger
         entries hold one of ``free_ids`` is gone: release it whole (its reservations
         too) before it distorts the accounting."""
-        free = set(free_ids)
+        free = free_ids if isinstance(free_ids, set | frozenset) else set(free_ids)
         stale = sorted(
             {
                 e.pod_key
-                for e in self.ledger.entries
+                for e in self.ledger.unordered()
                 if e.pod_key != own and free.intersection(e.ids(kind))
             }
         )

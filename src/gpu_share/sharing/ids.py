@@ -15,7 +15,7 @@ the input.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from gpu_share.errors import AllocationError, AllocationReason
@@ -128,8 +128,50 @@ def device_of(unit: str) -> str:
 
 def tally_devices(ids: Iterable[str]) -> dict[str, int]:
     """How many of the (canonical) ``ids`` are on each device, in first-seen order."""
+    if isinstance(ids, Listed):
+        return ids.tally()
     out: dict[str, int] = {}
     for unit in ids:
         d = device_of(unit)
         out[d] = out.get(d, 0) + 1
     return out
+
+
+@dataclass(frozen=True)
+class UnitTable:
+    """Every id of one kind on a node's devices, built once per inventory: checking and
+    grouping the kubelet's 2,560-id lists becomes set operations instead of parsing."""
+
+    kind: ResourceKind
+    order: Mapping[str, tuple[str, ...]]  # device -> its ids by index
+    members: Mapping[str, frozenset[str]]  # device -> its ids
+    every: frozenset[str]
+
+    @staticmethod
+    def build(kind: ResourceKind, totals: Mapping[str, int]) -> UnitTable:
+        order = {d: tuple(unit_id(d, kind, i) for i in range(n)) for d, n in totals.items()}
+        members = {d: frozenset(ids) for d, ids in order.items()}
+        return UnitTable(kind, order, members, frozenset().union(*members.values()))
+
+
+class Listed(tuple[str, ...]):
+    """The kubelet's ``available`` ids, already checked against a ``UnitTable`` (no
+    duplicates): per-device counts and ids come from the table, not from parsing."""
+
+    table: UnitTable
+    members: frozenset[str]
+
+    def __new__(cls, ids: Iterable[str], table: UnitTable) -> Listed:
+        self = super().__new__(cls, ids)
+        self.table = table
+        self.members = frozenset(self)
+        return self
+
+    def tally(self) -> dict[str, int]:
+        out = {d: len(m.intersection(self.members)) for d, m in self.table.members.items()}
+        return {d: n for d, n in out.items() if n}
+
+    def on(self, device: str) -> Iterator[str]:
+        """The listed ids of ``device``, lowest index first."""
+        members = self.members
+        return (u for u in self.table.order.get(device, ()) if u in members)

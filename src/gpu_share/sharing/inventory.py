@@ -7,8 +7,8 @@ from dataclasses import dataclass, replace
 
 from gpu_share.devices.base import Device
 from gpu_share.errors import AllocationError, AllocationReason
-from gpu_share.sharing.ids import unit_id
-from gpu_share.sharing.model import AdvertisedDevice, PerKind, ResourceKind
+from gpu_share.sharing.ids import UnitTable, unit_id
+from gpu_share.sharing.model import AMOUNT_FIELDS, AdvertisedDevice, ResourceKind
 
 CORES_PER_DEVICE = 100
 
@@ -40,7 +40,7 @@ class DeviceCapacity:
         return self.device.model
 
     def total(self, kind: ResourceKind) -> int:
-        return PerKind(self.memory_units, self.cores)[kind]
+        return int(getattr(self, AMOUNT_FIELDS[kind]))
 
     def unit_ids(self, kind: ResourceKind) -> list[str]:
         return [unit_id(self.uuid, kind, i) for i in range(self.total(kind))]
@@ -57,6 +57,7 @@ class Inventory:
         self._by_uuid = {d.uuid: d for d in self._devices}
         if len(self._by_uuid) != len(self._devices):
             raise ValueError("duplicate device uuid in inventory")
+        self._tables: dict[ResourceKind, UnitTable] = {}  # built on first use
 
     @classmethod
     def from_devices(cls, devices: Sequence[Device], unit_mib: int) -> Inventory:
@@ -80,15 +81,26 @@ class Inventory:
     def with_health(self, uuid: str, healthy: bool) -> Inventory:
         d = self.require(uuid)
         nd = replace(d, device=replace(d.device, healthy=healthy))
-        return Inventory([nd if x.uuid == uuid else x for x in self._devices], self.unit_mib)
+        out = Inventory([nd if x.uuid == uuid else x for x in self._devices], self.unit_mib)
+        out._tables = self._tables  # same ids: health is not part of them
+        return out
+
+    def units(self, kind: ResourceKind) -> UnitTable:
+        """Every id of ``kind`` on this node (unhealthy devices included)."""
+        table = self._tables.get(kind)
+        if table is None:
+            table = UnitTable.build(kind, {d.uuid: d.total(kind) for d in self._devices})
+            self._tables[kind] = table
+        return table
 
     def advertised(self, kind: ResourceKind) -> list[AdvertisedDevice]:
         """ListAndWatch content for one resource; an unhealthy device's units are all
         unhealthy."""
+        order = self.units(kind).order
         return [
             AdvertisedDevice(id=i, healthy=d.healthy, numa_node=d.numa_node)
             for d in self._devices
-            for i in d.unit_ids(kind)
+            for i in order[d.uuid]
         ]
 
     def contains_unit(self, device: str, kind: ResourceKind, index: int) -> bool:

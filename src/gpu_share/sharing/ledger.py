@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, TypeVar
@@ -111,8 +111,9 @@ class LedgerEntry:
         return replace(self, **changes)
 
 
-_IDS = PerKind("memory_ids", "core_ids")
-_OFFERED = PerKind("offered_memory_ids", "offered_core_ids")
+# Dicts, not PerKind: read for every entry on every call.
+_IDS = {ResourceKind.MEMORY: "memory_ids", ResourceKind.CORE: "core_ids"}
+_OFFERED = {ResourceKind.MEMORY: "offered_memory_ids", ResourceKind.CORE: "offered_core_ids"}
 
 
 @dataclass
@@ -132,16 +133,48 @@ class DeviceUsage:
 class Ledger:
     def __init__(self) -> None:
         self._entries: dict[ContainerRef, LedgerEntry] = {}
-        self.absent_since: dict[PodKey, float] = {}
+        self._by_pod: dict[PodKey, dict[ContainerRef, LedgerEntry]] = {}
+        self._sorted: list[LedgerEntry] | None = None  # ``entries``, until a change
+        self._usage = _Accounts()  # kept up to date per change (``usage``)
+        # Open offers (offered, not yet allocated) by kind and ids, for Allocate's lookup.
+        self._offers: dict[tuple[ResourceKind, frozenset[str]], set[ContainerRef]] = {}
+        self._absent: dict[PodKey, float] = {}
+        # What changed since the last ``drain_changes`` (the agent's journal record).
+        self._changed: dict[ContainerRef, LedgerEntry | None] = {}
+        self._absent_changed = False
         self.seq = 0  # for synthetic refs of degraded entries
-        # Memory unit size (MiB) the entries' memory ids and amounts are counted in; 0:
-        # unknown (written by an agent that did not record it).
-        self.unit_mib = 0
+        self._unit_mib = 0
+        # Journal generation a snapshot (``to_json``) is followed by (agent.state).
+        self.journal = 0
+
+    @property
+    def unit_mib(self) -> int:
+        """Memory unit size (MiB) the entries' memory ids and amounts are counted in; 0:
+        unknown (written by an agent that did not record it)."""
+        return self._unit_mib
+
+    @unit_mib.setter
+    def unit_mib(self, value: int) -> None:
+        if value != self._unit_mib:
+            self._unit_mib = value
+            self._absent_changed = True  # a record is due (it carries the unit)
+
+    @property
+    def absent_since(self) -> dict[PodKey, float]:
+        """Read it; change it through ``absent_for`` / ``mark_present`` (journaled)."""
+        return self._absent
 
     # -- lookup -------------------------------------------------------------------
     @property
     def entries(self) -> list[LedgerEntry]:
-        return sorted(self._entries.values(), key=lambda e: (e.ref, e.order))
+        if self._sorted is None:
+            self._sorted = sorted(self._entries.values(), key=lambda e: (e.ref, e.order))
+        return list(self._sorted)
+
+    def unordered(self) -> Iterable[LedgerEntry]:
+        """The entries in no particular order (no sort: for scans whose result is
+        ordered afterwards). Do not change the ledger while iterating."""
+        return self._entries.values()
 
     def get(self, ref: ContainerRef) -> LedgerEntry | None:
         return self._entries.get(ref)
@@ -149,9 +182,9 @@ class Ledger:
     def find(self, namespace: str, pod: str, container: str, pod_uid: str) -> LedgerEntry | None:
         """The entry of this container; an entry with an unknown uid ("") matches any uid,
         an entry of another uid (an older pod of the same name) does not."""
-        for e in self._entries.values():
+        for e in self._by_pod.get((namespace, pod), {}).values():
             r = e.ref
-            if (r.namespace, r.pod_name, r.container_name) == (namespace, pod, container) and (
+            if r.container_name == container and (
                 not r.pod_uid or not pod_uid or r.pod_uid == pod_uid
             ):
                 return e
@@ -159,12 +192,11 @@ class Ledger:
 
     def pod_entries(self, key: PodKey) -> list[LedgerEntry]:
         return sorted(
-            (e for e in self._entries.values() if e.pod_key == key),
-            key=lambda e: (e.order, e.ref.container_name),
+            self._by_pod.get(key, {}).values(), key=lambda e: (e.order, e.ref.container_name)
         )
 
     def pod_keys(self) -> set[PodKey]:
-        return {e.pod_key for e in self._entries.values()}
+        return set(self._by_pod)
 
     def holder_of(self, kind: ResourceKind, unit: str) -> LedgerEntry | None:
         for e in self._entries.values():
@@ -172,19 +204,73 @@ class Ledger:
                 return e
         return None
 
+    def offered_to_others(self, kind: ResourceKind, ref: ContainerRef) -> frozenset[str]:
+        """Ids of ``kind`` open offers of other containers name (not yet allocated)."""
+        return frozenset(
+            u
+            for e in self._entries.values()
+            if e.ref != ref and not e.allocated(kind)
+            for u in e.offered(kind)
+        )
+
     # -- mutation -----------------------------------------------------------------
     def put(self, entry: LedgerEntry) -> None:
-        self._entries[entry.ref] = entry
+        self._set(entry.ref, entry)
 
     def remove(self, ref: ContainerRef) -> LedgerEntry | None:
-        return self._entries.pop(ref, None)
+        old = self._entries.get(ref)
+        if old is not None:
+            self._set(ref, None)
+        return old
 
     def release_pod(self, key: PodKey) -> list[ContainerRef]:
-        refs = sorted(r for r, e in self._entries.items() if e.pod_key == key)
+        refs = sorted(self._by_pod.get(key, {}))
         for r in refs:
-            del self._entries[r]
-        self.absent_since.pop(key, None)
+            self._set(r, None)
+        self.mark_present(key)
         return refs
+
+    def _set(self, ref: ContainerRef, entry: LedgerEntry | None) -> None:
+        """The one place entries change: indexes, usage and the change set follow."""
+        key = (ref.namespace, ref.pod_name)
+        self._usage.drop(key)
+        self._index_offers(self._entries.get(ref), add=False)
+        self._index_offers(entry, add=True)
+        pod = self._by_pod.setdefault(key, {})
+        if entry is None:
+            self._entries.pop(ref, None)
+            pod.pop(ref, None)
+        else:
+            self._entries[ref] = entry
+            pod[ref] = entry
+        if pod:
+            self._usage.add(key, _pod_part(self, pod.values()))
+        else:
+            del self._by_pod[key]
+        self._sorted = None
+        self._changed[ref] = entry
+
+    def _index_offers(self, e: LedgerEntry | None, *, add: bool) -> None:
+        for kind in ResourceKind if e is not None else ():
+            assert e is not None
+            if e.allocated(kind) or not e.offered(kind):
+                continue
+            key = (kind, frozenset(e.offered(kind)))
+            refs = self._offers.setdefault(key, set())
+            if add:
+                refs.add(e.ref)
+            else:
+                refs.discard(e.ref)
+                if not refs:
+                    del self._offers[key]
+
+    def open_offer(self, kind: ResourceKind, ids: Iterable[str]) -> LedgerEntry | None:
+        """The entry whose open offer of ``kind`` is exactly ``ids`` (the first in
+        ``entries`` order when several are)."""
+        refs = self._offers.get((kind, frozenset(ids)))
+        if not refs:
+            return None
+        return min((self._entries[r] for r in refs), key=lambda e: (e.ref, e.order))
 
     def next_synthetic_ref(self, kind: ResourceKind) -> ContainerRef:
         self.seq += 1
@@ -207,59 +293,46 @@ class Ledger:
         return pool
 
     def usage(self, inventory: Inventory) -> dict[str, DeviceUsage]:
-        out = {d.uuid: DeviceUsage() for d in inventory.devices}
-        held: dict[tuple[str, ResourceKind], set[str]] = {}
-        reserved: dict[tuple[str, ResourceKind], int] = {}
-        for e in self._entries.values():
-            _count_held(e, out, held)
-            _count_shares(e, out)
-            self._count_reserved(e, out, reserved)
-        for d in inventory.devices:
-            du = out[d.uuid]
-            if du.exclusive_pods:
-                du.memory_used, du.cores_used = d.memory_units, d.cores
-                continue
-            du.memory_used, du.cores_used = _used(d.uuid, held, reserved).values()
-        return out
+        """Per device: units held (a unit counts once however many entries hold it) plus
+        reservations of decided kinds; a device held exclusively is wholly used. Kept up
+        to date per change, not recounted from every entry per call."""
+        return self._usage.of(inventory)
 
-    def _count_reserved(
-        self,
-        e: LedgerEntry,
-        out: dict[str, DeviceUsage],
-        reserved: dict[tuple[str, ResourceKind], int],
-    ) -> None:
-        """A decided, not yet allocated kind reserves its share, less the reuse pool the
-        kubelet will hand the container on that device."""
-        for kind in ResourceKind:
-            if e.allocated(kind):
-                continue
-            pool = tally_devices(self.reuse_pool(e, kind))
-            for s in e.shares:
-                if s.device in out:
-                    key = (s.device, kind)
-                    need = max(0, s.amount(kind) - pool.get(s.device, 0))
-                    reserved[key] = reserved.get(key, 0) + need
+    def recount_usage(self, inventory: Inventory) -> dict[str, DeviceUsage]:
+        """``usage`` counted from scratch over every entry (tests hold the two equal)."""
+        acc = _Accounts()
+        for key, pod in self._by_pod.items():
+            acc.add(key, _pod_part(self, pod.values()))
+        return acc.of(inventory)
 
     # -- absence (pods the kubelet no longer lists) -------------------------------
     def mark_present(self, key: PodKey) -> None:
-        self.absent_since.pop(key, None)
+        if self._absent.pop(key, None) is not None:
+            self._absent_changed = True
 
     def absent_for(self, key: PodKey, now: float) -> float:
         """Seconds since ``key`` was first seen absent (0 the first time)."""
-        return now - self.absent_since.setdefault(key, now)
+        if key not in self._absent:
+            self._absent[key] = now
+            self._absent_changed = True
+        return now - self._absent[key]
+
+    def set_absent_since(self, key: PodKey, since: float) -> None:
+        self._absent[key] = since
+        self._absent_changed = True
 
     # -- persistence --------------------------------------------------------------
     def to_json(self) -> str:
+        """The whole ledger (a snapshot); ``journal``: the journal generation whose
+        records follow it."""
         return json.dumps(
             {
                 "version": LEDGER_VERSION,
                 "seq": self.seq,
                 "memoryUnitMiB": self.unit_mib,
+                "journal": self.journal,
                 "entries": [_entry_to_dict(e) for e in self.entries],
-                "absentSince": [
-                    {"namespace": k[0], "podName": k[1], "since": v}
-                    for k, v in sorted(self.absent_since.items())
-                ],
+                "absentSince": _absent_to_list(self._absent),
             },
             sort_keys=True,
         )
@@ -270,13 +343,7 @@ class Ledger:
         ``LedgerMalformed``, or ``LedgerDuplicateUnit`` when one entry lists a unit
         twice), never another exception: the agent then quarantines the file and
         rebuilds from PodResources."""
-        try:
-            raw = json.loads(text, parse_constant=_reject_constant)
-        except (ValueError, RecursionError, MemoryError) as e:
-            # ValueError covers JSONDecodeError and integers over the digit limit.
-            raise LedgerError(f"ledger is not JSON: {_short(e)}", reason=MALFORMED) from e
-        if not isinstance(raw, dict):
-            raise LedgerError("ledger is not a JSON object", reason=MALFORMED)
+        raw = _load_object(text, "ledger")
         version = raw.get("version")
         if version != LEDGER_VERSION:
             raise LedgerError(
@@ -286,23 +353,60 @@ class Ledger:
             )
         led = cls()
         try:
-            led.seq = _int(raw.get("seq", 0), "seq", 0)
-            led.unit_mib = _int(raw.get("memoryUnitMiB", 0), "memoryUnitMiB", 0)
-            if led.unit_mib > _MAX_UNIT_MIB:
-                raise _Bad(f"memoryUnitMiB: {led.unit_mib} is above {_MAX_UNIT_MIB}")
-            for i, d in enumerate(_list(raw.get("entries", []), "entries")):
-                entry = _entry_from_dict(d, f"entries[{i}]")
-                if led.get(entry.ref) is not None:
-                    raise _Bad(f"{entry.ref} is listed twice")
-                led.put(entry)
-            for i, a in enumerate(_list(raw.get("absentSince", []), "absentSince")):
-                where = f"absentSince[{i}]"
-                a = _dict(a, where)
-                key = (_str(a, "namespace", where), _str(a, "podName", where))
-                led.absent_since[key] = _num(a.get("since"), f"{where}.since")
+            led.journal = _int(raw.get("journal", 0), "journal", 0)
+            led._apply(raw, "")
         except _Bad as bad:
             raise LedgerError(f"ledger entry is malformed: {bad}", reason=MALFORMED) from bad
+        led.drain_changes()  # what was read is not a change
         return led
+
+    def drain_changes(self) -> str | None:
+        """One journal record (a JSON line, no newline) of what changed since the last
+        call; None when nothing did. Replaying the records in order over the snapshot
+        (``apply_record``) gives this ledger back."""
+        changed, self._changed = self._changed, {}
+        absent, self._absent_changed = self._absent_changed, False
+        if not changed and not absent:
+            return None
+        record: dict[str, Any] = {"seq": self.seq, "memoryUnitMiB": self.unit_mib}
+        record["entries"] = [_entry_to_dict(e) for e in changed.values() if e is not None]
+        record["removed"] = [_ref_to_dict(r) for r, e in changed.items() if e is None]
+        if absent:
+            record["absentSince"] = _absent_to_list(self._absent)
+        return json.dumps(record, sort_keys=True)
+
+    def apply_record(self, text: str, where: str) -> None:
+        """Replay one ``drain_changes`` record; ``LedgerError`` (LedgerMalformed) when
+        it is not one."""
+        raw = _load_object(text, where)
+        try:
+            for i, r in enumerate(_list(raw.get("removed", []), f"{where}.removed")):
+                self._set(_ref_from_dict(r, f"{where}.removed[{i}]"), None)
+            self._apply(raw, f"{where}.")
+        except _Bad as bad:
+            raise LedgerError(f"ledger journal is malformed: {bad}", reason=MALFORMED) from bad
+        self.drain_changes()
+
+    def _apply(self, raw: dict[str, Any], where: str) -> None:
+        """Fields a snapshot and a journal record share; entries replace their ref's."""
+        self.seq = _int(raw.get("seq", 0), f"{where}seq", 0)
+        self.unit_mib = _int(raw.get("memoryUnitMiB", 0), f"{where}memoryUnitMiB", 0)
+        if self.unit_mib > _MAX_UNIT_MIB:
+            raise _Bad(f"{where}memoryUnitMiB: {self.unit_mib} is above {_MAX_UNIT_MIB}")
+        seen: set[ContainerRef] = set()
+        for i, d in enumerate(_list(raw.get("entries", []), f"{where}entries")):
+            entry = _entry_from_dict(d, f"{where}entries[{i}]")
+            if entry.ref in seen or (not where and self.get(entry.ref) is not None):
+                raise _Bad(f"{entry.ref} is listed twice")
+            seen.add(entry.ref)
+            self.put(entry)
+        if "absentSince" in raw or not where:
+            self._absent.clear()
+        for i, a in enumerate(_list(raw.get("absentSince", []), f"{where}absentSince")):
+            at = f"{where}absentSince[{i}]"
+            a = _dict(a, at)
+            key = (_str(a, "namespace", at), _str(a, "podName", at))
+            self._absent[key] = _num(a.get("since"), f"{at}.since")
 
     def anomalies(self, inventory: Inventory) -> list[LedgerAnomaly]:
         """What a loaded ledger says that cannot be true on this node: a unit held by
@@ -335,32 +439,104 @@ class Ledger:
         return out
 
 
-def _count_held(
-    e: LedgerEntry, out: dict[str, DeviceUsage], held: dict[tuple[str, ResourceKind], set[str]]
-) -> None:
-    # A unit counts once however many entries hold it (init-container reuse).
+@dataclass(frozen=True)
+class _PodPart:
+    """One pod's contribution to usage: its held units, the devices it is on (held or
+    decided), those it holds exclusively, and what its decided kinds reserve."""
+
+    units: tuple[tuple[str, ResourceKind, str], ...]
+    devices: frozenset[str]
+    exclusive: frozenset[str]
+    reserved: tuple[tuple[str, ResourceKind, int], ...]
+
+
+def _pod_part(ledger: Ledger, entries: Iterable[LedgerEntry]) -> _PodPart:
+    units: list[tuple[str, ResourceKind, str]] = []
+    devices: set[str] = set()
+    exclusive: set[str] = set()
+    reserved: list[tuple[str, ResourceKind, int]] = []
+    for e in entries:
+        for kind in ResourceKind:
+            units.extend((device_of(u), kind, u) for u in e.ids(kind))
+        devices.update(s.device for s in e.shares)
+        exclusive.update(s.device for s in e.shares if s.exclusive)
+        reserved.extend(_reserved(ledger, e))
+    devices.update(d for d, _k, _u in units)
+    return _PodPart(tuple(units), frozenset(devices), frozenset(exclusive), tuple(reserved))
+
+
+def _reserved(ledger: Ledger, e: LedgerEntry) -> list[tuple[str, ResourceKind, int]]:
+    """A decided, not yet allocated kind reserves its share, less the reuse pool the
+    kubelet will hand the container on that device."""
+    out = []
     for kind in ResourceKind:
-        for unit in e.ids(kind):
-            dev = device_of(unit)
-            held.setdefault((dev, kind), set()).add(unit)
-            if dev in out:
-                out[dev].pods.add(e.pod_key)
+        if e.allocated(kind):
+            continue
+        pool = tally_devices(ledger.reuse_pool(e, kind)) if e.order >= 0 else {}
+        for s in e.shares:
+            need = max(0, s.amount(kind) - pool.get(s.device, 0))
+            if need:
+                out.append((s.device, kind, need))
+    return out
 
 
-def _used(
-    uuid: str,
-    held: dict[tuple[str, ResourceKind], set[str]],
-    reserved: dict[tuple[str, ResourceKind], int],
-) -> PerKind[int]:
-    return PerKind.build(lambda k: len(held.get((uuid, k), ())) + reserved.get((uuid, k), 0))
+class _Accounts:
+    """Usage summed over pods' parts; a pod's part is taken out and put back whole
+    whenever one of its entries changes."""
 
+    def __init__(self) -> None:
+        self._parts: dict[PodKey, _PodPart] = {}
+        self._held: dict[tuple[str, ResourceKind], dict[str, int]] = {}  # unit -> holders
+        self._pods: dict[str, set[PodKey]] = {}
+        self._exclusive: dict[str, set[PodKey]] = {}
+        self._reserved: dict[tuple[str, ResourceKind], int] = {}
 
-def _count_shares(e: LedgerEntry, out: dict[str, DeviceUsage]) -> None:
-    for s in e.shares:
-        if s.device in out:
-            out[s.device].pods.add(e.pod_key)
-            if s.exclusive:
-                out[s.device].exclusive_pods.add(e.pod_key)
+    def add(self, key: PodKey, part: _PodPart) -> None:
+        self._parts[key] = part
+        for dev, kind, unit in part.units:
+            held = self._held.setdefault((dev, kind), {})
+            held[unit] = held.get(unit, 0) + 1
+        for dev in part.devices:
+            self._pods.setdefault(dev, set()).add(key)
+        for dev in part.exclusive:
+            self._exclusive.setdefault(dev, set()).add(key)
+        for dev, kind, n in part.reserved:
+            self._reserved[(dev, kind)] = self._reserved.get((dev, kind), 0) + n
+
+    def drop(self, key: PodKey) -> None:
+        part = self._parts.pop(key, None)
+        if part is None:
+            return
+        for dev, kind, unit in part.units:
+            held = self._held[(dev, kind)]
+            held[unit] -= 1
+            if not held[unit]:
+                del held[unit]
+        for dev in part.devices:
+            self._pods[dev].discard(key)
+        for dev in part.exclusive:
+            self._exclusive[dev].discard(key)
+        for dev, kind, n in part.reserved:
+            self._reserved[(dev, kind)] -= n
+
+    def _used(self, uuid: str, kind: ResourceKind) -> int:
+        return len(self._held.get((uuid, kind), ())) + self._reserved.get((uuid, kind), 0)
+
+    def of(self, inventory: Inventory) -> dict[str, DeviceUsage]:
+        out = {}
+        for d in inventory.devices:
+            du = DeviceUsage(
+                pods=set(self._pods.get(d.uuid, ())),
+                exclusive_pods=set(self._exclusive.get(d.uuid, ())),
+            )
+            if du.exclusive_pods:
+                du.memory_used, du.cores_used = d.memory_units, d.cores
+            else:
+                du.memory_used, du.cores_used = (
+                    self._used(d.uuid, k) for k in (ResourceKind.MEMORY, ResourceKind.CORE)
+                )
+            out[d.uuid] = du
+        return out
 
 
 MALFORMED = "LedgerMalformed"  # not JSON, wrong version, wrong types, non-canonical ids
@@ -383,6 +559,40 @@ def _unknown_in(e: LedgerEntry, inventory: Inventory) -> list[LedgerAnomaly]:
             if not inventory.contains_unit(u.device, kind, u.index):
                 out.append(LedgerAnomaly(UNKNOWN_DEVICE, f"{e.ref} holds unknown unit {u}"))
     return out
+
+
+def _load_object(text: str, what: str) -> dict[str, Any]:
+    try:
+        raw = json.loads(text, parse_constant=_reject_constant)
+    except (ValueError, RecursionError, MemoryError) as e:
+        # ValueError covers JSONDecodeError and integers over the digit limit.
+        raise LedgerError(f"{what} is not JSON: {_short(e)}", reason=MALFORMED) from e
+    if not isinstance(raw, dict):
+        raise LedgerError(f"{what} is not a JSON object", reason=MALFORMED)
+    return raw
+
+
+def _absent_to_list(absent: Mapping[PodKey, float]) -> list[dict[str, Any]]:
+    return [{"namespace": k[0], "podName": k[1], "since": v} for k, v in sorted(absent.items())]
+
+
+def _ref_to_dict(r: ContainerRef) -> dict[str, str]:
+    return {
+        "namespace": r.namespace,
+        "podName": r.pod_name,
+        "containerName": r.container_name,
+        "podUid": r.pod_uid,
+    }
+
+
+def _ref_from_dict(v: Any, where: str) -> ContainerRef:
+    d = _dict(v, where)
+    return ContainerRef(
+        _str(d, "namespace", where),
+        _str(d, "podName", where),
+        _str(d, "containerName", where),
+        _str(d, "podUid", where),
+    )
 
 
 def _entry_to_dict(e: LedgerEntry) -> dict[str, Any]:
@@ -521,12 +731,7 @@ def _entry_from_dict(v: Any, where: str) -> LedgerEntry:
     req = _dict(d.get("request"), f"{where}.request")
     mem, core = ResourceKind.MEMORY, ResourceKind.CORE
     return LedgerEntry(
-        ref=ContainerRef(
-            _str(d, "namespace", where),
-            _str(d, "podName", where),
-            _str(d, "containerName", where),
-            _str(d, "podUid", where),
-        ),
+        ref=_ref_from_dict(d, where),
         request=ContainerRequest(
             _int(req.get("memoryUnits"), f"{where}.request.memoryUnits", 0),
             _int(req.get("cores"), f"{where}.request.cores", 0),

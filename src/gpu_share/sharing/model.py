@@ -48,8 +48,10 @@ class PerKind(Generic[T]):
 
 
 _FIELD = {ResourceKind.MEMORY: "memory", ResourceKind.CORE: "core"}
-# Field names of the per-kind amounts in ContainerRequest and DeviceShare.
-_AMOUNT = PerKind("memory_units", "cores")
+# Field names of the per-kind amounts in ContainerRequest and DeviceShare (a dict: read
+# several times per entry per call).
+AMOUNT_FIELDS = {ResourceKind.MEMORY: "memory_units", ResourceKind.CORE: "cores"}
+_AMOUNT = AMOUNT_FIELDS
 
 
 class ContainerKind(StrEnum):
@@ -130,7 +132,8 @@ class ResourceNames:
     core: str
 
     def name_of(self, kind: ResourceKind) -> str:
-        return PerKind(self.memory, self.core)[kind]
+        name: str = getattr(self, _FIELD[kind])
+        return name
 
     def kind_of(self, resource: str) -> ResourceKind | None:
         if resource == self.memory:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from gpu_share.errors import AllocationError
 from gpu_share.errors import AllocationReason as R
-from gpu_share.sharing.ids import device_of, group_by_device, parse_unit_ids
+from gpu_share.sharing.ids import Listed, device_of, group_by_device, parse_unit_ids
 from gpu_share.sharing.ledger import LedgerEntry
 from gpu_share.sharing.model import ResourceKind
 
@@ -21,21 +21,24 @@ def pick_ids(
     available: Sequence[str],
     must_include: Sequence[str],
     size: int,
+    avoid: frozenset[str] = frozenset(),
 ) -> list[str]:
     """``must_include`` plus the lowest listed units of each decided device up to its
-    share; an exclusive decision may take any unit of its devices for the rest."""
+    share; an exclusive decision may take any unit of its devices for the rest. Units in
+    ``avoid`` (offered to another container) come last, so concurrent callers given the
+    same list are not offered the same units while others are free."""
     _check_reused(e, must_include)
     want = _want(e, kind, size)
     chosen: list[str] = list(dict.fromkeys(must_include))
     taken = set(chosen)
-    by_dev = group_by_device(available)
+    on = _by_device(available)
     for d in e.devices:
         have = sum(1 for x in chosen if device_of(x) == d)
         limit = min(size, len(chosen) + max(0, want[d] - have))
-        _fill(chosen, taken, (str(u) for u in by_dev.get(d, [])), limit)
+        _fill(chosen, taken, _prefer(on(d), avoid), limit)
     if len(chosen) < size and e.exclusive:
         for d in e.devices:
-            _fill(chosen, taken, (str(u) for u in by_dev.get(d, [])), size)
+            _fill(chosen, taken, _prefer(on(d), avoid), size)
     if len(chosen) != size:
         raise _err(
             e,
@@ -78,3 +81,24 @@ def _fill(chosen: list[str], taken: set[str], units: Iterable[str], limit: int) 
         if u not in taken:
             chosen.append(u)
             taken.add(u)
+
+
+def _by_device(available: Sequence[str]) -> Callable[[str], Iterator[str]]:
+    """The listed ids of a device, lowest index first."""
+    if isinstance(available, Listed):
+        return available.on
+    by_dev = group_by_device(available)
+    return lambda d: (str(u) for u in by_dev.get(d, []))
+
+
+def _prefer(units: Iterator[str], avoid: frozenset[str]) -> Iterator[str]:
+    if not avoid:
+        yield from units
+        return
+    later = []
+    for u in units:
+        if u in avoid:
+            later.append(u)
+        else:
+            yield u
+    yield from later

@@ -53,8 +53,11 @@ def expire_offers(
     reconcile cannot judge) would reserve units for good."""
     expired = [
         e.ref
-        for e in ledger.entries
-        if e.ref != keep and e.state is EntryState.DECIDED and now - e.updated_at >= ttl_s
+        for e in sorted(
+            (e for e in ledger.unordered() if now - e.updated_at >= ttl_s),
+            key=lambda e: (e.ref, e.order),
+        )
+        if e.ref != keep and e.state is EntryState.DECIDED
     ]
     for ref in expired:
         ledger.remove(ref)

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from gpu_share.errors import AllocationError
 from gpu_share.errors import AllocationReason as R
-from gpu_share.sharing.ids import UnitId, count_by_device, device_of, parse_unit_ids
+from gpu_share.sharing.ids import Listed, UnitId, count_by_device, device_of, parse_unit_ids
 from gpu_share.sharing.inventory import CORES_PER_DEVICE, Inventory
 from gpu_share.sharing.ledger import Ledger, LedgerEntry
 from gpu_share.sharing.model import ContainerRef, ContainerRequest, ResourceKind
@@ -60,24 +60,38 @@ def check_preferred(
     available: Sequence[str],
     must_include: Sequence[str],
     size: int,
-) -> list[str]:
-    """The GetPreferredAllocation arguments, checked; returns ``available`` sorted and
-    without duplicates."""
+) -> Listed:
+    """The GetPreferredAllocation arguments, checked; returns ``available`` without
+    duplicates."""
     if size <= 0:
         raise _invalid(f"allocation size must be positive, got {size}")
     check_id_count(inventory, kind, available, "available")
     check_id_count(inventory, kind, must_include, "must_include")
     parse_unit_ids(must_include, kind)
-    check_units(inventory, kind, available)
-    avail = sorted(set(available))
+    avail = listed(inventory, kind, available)
     if len(must_include) > size:
         raise _invalid(f"must_include names {len(must_include)} ids but only {size} are requested")
     if size > len(avail):
         raise _invalid(f"{size} {kind.value} units requested but only {len(avail)} are available")
-    missing = sorted(set(must_include) - set(avail))
+    missing = sorted(set(must_include) - avail.members)
     if missing:
         raise _invalid(f"must_include ids not in available: {missing[:3]}")
     return avail
+
+
+def listed(inventory: Inventory, kind: ResourceKind, available: Sequence[str]) -> Listed:
+    """``available`` checked like ``check_units`` (same error for the first bad id), by
+    set membership in the inventory's ids instead of parsing each one."""
+    table = inventory.units(kind)
+    try:
+        unique = dict.fromkeys(available)
+    except TypeError:  # an unhashable element: the parser names it
+        check_units(inventory, kind, available)
+        raise
+    bad = unique.keys() - table.every
+    if bad:
+        check_units(inventory, kind, [s for s in available if s in bad])
+    return Listed(unique, table)
 
 
 def check_allocate(inventory: Inventory, kind: ResourceKind, ids: Sequence[str]) -> None:
