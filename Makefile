@@ -9,7 +9,7 @@ demo:
 	bash hack/demo.sh
 
 lint:
-	bash -c '. hack/lib/venv.sh && ensure_venv && ruff check src tests hack bench && mypy src/gpu_share/sharing src/gpu_share/config src/gpu_share/errors.py && lint-imports && shell_lint'
+	bash -c '. hack/lib/venv.sh && ensure_venv && ruff check src tests hack bench && mypy src/gpu_share && lint-imports && shell_lint'
 
 cluster-up:
 	bash hack/local-up-cluster.sh up

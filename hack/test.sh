@@ -9,7 +9,7 @@ ensure_venv
 
 echo "== static checks"
 ruff check src tests hack bench
-mypy src/gpu_share/sharing src/gpu_share/config src/gpu_share/errors.py
+mypy src/gpu_share
 lint-imports
 shell_lint
 

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kube_fakes import ApiServer
+from kube_fakes import ApiServer, stop_fake_servers
 
 K8S_VERSION = "v1.34.4"
 START_TIMEOUT_S = 90.0
@@ -126,6 +126,13 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=15)
+
+
+@pytest.fixture(autouse=True)
+def _stop_loopback_servers() -> Iterator[None]:
+    """The loopback API servers a test started (kube_fakes.fake_rest) end with it."""
+    yield
+    stop_fake_servers()
 
 
 @pytest.fixture(scope="session")

@@ -1,10 +1,18 @@
-"""A fake HTTP edge for the kubernetes client: replaces the urllib3 pool manager of an
-ApiClient, records every request and answers from a handler."""
+"""Fake API servers answering from a handler and recording every request:
+
+- ``fake_rest``: a real HTTP server on loopback for ``kube.rest.RestClient`` (the
+  agent's client), so the real transport (keep-alive, chunked watches, closing) runs;
+- ``fake_api``: replaces the urllib3 pool manager of a generated ``ApiClient`` (the
+  extender's client)."""
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
 import queue
+import select
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -146,7 +154,7 @@ class FakeHttp:
 def fake_api(handler: Handler) -> tuple[k8s.ApiClient, FakeHttp]:
     api = k8s.ApiClient(k8s.Configuration(host="http://127.0.0.1:9"))
     http = FakeHttp(handler)
-    api.rest_client.pool_manager = http
+    api.rest_client.pool_manager = http  # type: ignore[assignment]  # a duck-typed fake
     return api, http
 
 
@@ -198,3 +206,111 @@ def pod_obj(
         "spec": spec,
         "status": {"phase": phase},
     }
+
+
+# ---------------------------------------------------------------- loopback server
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _LoopbackServer
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet
+        pass
+
+    def _serve(self) -> None:
+        parts = urlsplit(self.path)
+        n = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(n) if n else b""
+        call = Call(
+            method=self.command,
+            path=parts.path,
+            query={k: v[-1] for k, v in parse_qs(parts.query).items()},
+            headers=dict(self.headers.items()),
+            body=json.loads(raw) if raw else None,
+            timeout=None,
+        )
+        fake = self.server.fake
+        with fake.lock:
+            fake.calls.append(call)
+        answer = fake.handler(call)
+        if isinstance(answer, FakeStream):
+            self._stream(answer)
+            return
+        status, obj = answer
+        if isinstance(obj, Exception):  # a transport failure: drop the connection
+            self.close_connection = True
+            with contextlib.suppress(OSError):
+                self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        data = obj if isinstance(obj, bytes) else (json.dumps(obj).encode() if obj is not None
+                                                   else b"")
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _stream(self, s: FakeStream) -> None:
+        self.close_connection = True
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.wfile.flush()
+        for _ in range(200_000):  # bounded: ~10 min of 3 ms polls at most
+            try:
+                item = s._q.get(timeout=0.003)
+            except queue.Empty:
+                if _peer_closed(self.connection):
+                    s.shut.set()
+                    return
+                continue
+            try:
+                if item is None:
+                    self.wfile.write(b"0\r\n\r\n")
+                    self.wfile.flush()
+                    return
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(item), item))
+                self.wfile.flush()
+            except OSError:
+                s.shut.set()
+                return
+
+    do_GET = do_POST = do_PATCH = do_PUT = do_DELETE = _serve
+
+
+def _peer_closed(sock: socket.socket) -> bool:
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
+
+
+class _LoopbackServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    fake: FakeHttp
+
+
+_servers: list[_LoopbackServer] = []
+
+
+def fake_rest(handler: Handler, **client_kw: Any) -> tuple[Any, FakeHttp]:
+    """A ``RestClient`` talking to a loopback server that answers from ``handler``."""
+    from gpu_share.kube.rest import RestClient, RestConfig
+
+    server = _LoopbackServer(("127.0.0.1", 0), _Handler)
+    server.fake = FakeHttp(handler)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                     daemon=True).start()
+    _servers.append(server)
+    port = server.server_address[1]
+    return RestClient(RestConfig(server=f"http://127.0.0.1:{port}"), **client_kw), server.fake
+
+
+def stop_fake_servers() -> None:
+    while _servers:
+        server = _servers.pop()
+        server.shutdown()
+        server.server_close()

@@ -17,6 +17,7 @@ from gpu_share.kube.client import make_api_client
 from gpu_share.kube.pods import KubePodSource, NodePodCache
 from gpu_share.kube.publish import KubePublisher
 from gpu_share.kube.rbac import AGENT_RULES
+from gpu_share.kube.rest import ApiError, RestClient, make_rest_client
 from gpu_share.sharing.model import ContainerKind, ContainerRequest
 
 pytestmark = pytest.mark.apiserver
@@ -48,7 +49,7 @@ def container(name: str, mem: int = 0, core: int = 0, **extra: Any) -> dict[str,
 
 
 def make_pod(
-    core: k8s.CoreV1Api, ns: str, name: str, node: str = NODE, **spec: Any
+    core: Any, ns: str, name: str, node: str = NODE, **spec: Any
 ) -> dict[str, Any]:
     body = {
         "apiVersion": "v1",
@@ -62,12 +63,19 @@ def make_pod(
 
 @pytest.fixture(scope="module")
 def admin(apiserver: ApiServer) -> k8s.ApiClient:
+    """The generated client, for the tests' own setup and checks."""
     return make_api_client(apiserver.kubeconfig)
 
 
 @pytest.fixture(scope="module")
+def rest(apiserver: ApiServer) -> RestClient:
+    """The agent's client (kube.rest) with the same admin kubeconfig (client cert)."""
+    return make_rest_client(apiserver.kubeconfig)
+
+
+@pytest.fixture(scope="module")
 def ns(admin: k8s.ApiClient) -> str:
-    core = k8s.CoreV1Api(admin)
+    core: Any = k8s.CoreV1Api(admin)  # dict bodies: the stubs want models
     name = f"l3-{uuid.uuid4().hex[:6]}"
     core.create_namespace({"metadata": {"name": name}})
     # No controller-manager here: create the SA the ServiceAccount admission wants.
@@ -77,8 +85,8 @@ def ns(admin: k8s.ApiClient) -> str:
     return name
 
 
-def test_get_and_list_convert_real_pods(admin: k8s.ApiClient, ns: str) -> None:
-    core = k8s.CoreV1Api(admin)
+def test_get_and_list_convert_real_pods(admin: k8s.ApiClient, rest: RestClient, ns: str) -> None:
+    core: Any = k8s.CoreV1Api(admin)  # dict bodies: the stubs want models
     made = make_pod(
         core,
         ns,
@@ -90,7 +98,7 @@ def test_get_and_list_convert_real_pods(admin: k8s.ApiClient, ns: str) -> None:
         containers=[container("b", mem=4, core=30), container("a")],
     )
     make_pod(core, ns, "elsewhere", node="other-node")
-    src = KubePodSource.from_config(admin, ResourcesConfig())
+    src = KubePodSource.from_config(rest, ResourcesConfig())
     view = src.get_pod(ns, "mixed")
     assert view is not None
     assert view.uid == made["uid"] and view.node_name == NODE and view.namespace == ns
@@ -108,10 +116,10 @@ def test_get_and_list_convert_real_pods(admin: k8s.ApiClient, ns: str) -> None:
     assert (ns, "elsewhere") in {(p.namespace, p.name) for p in src.list_node_pods("other-node")}
 
 
-def test_annotations_set_and_delete(admin: k8s.ApiClient, ns: str) -> None:
-    core = k8s.CoreV1Api(admin)
+def test_annotations_set_and_delete(admin: k8s.ApiClient, rest: RestClient, ns: str) -> None:
+    core: Any = k8s.CoreV1Api(admin)  # dict bodies: the stubs want models
     make_pod(core, ns, "annotated")
-    pub = KubePublisher(admin, host_node=NODE)
+    pub = KubePublisher(rest, host_node=NODE)
     pub.annotate_node(NODE, {"vendor.com/inventory": '{"d":1}', "vendor.com/x": "1"})
     pub.annotate_node(NODE, {"vendor.com/x": None})
     assert pub.node_annotations(NODE) == {"vendor.com/inventory": '{"d":1}'}
@@ -124,10 +132,12 @@ def test_annotations_set_and_delete(admin: k8s.ApiClient, ns: str) -> None:
     assert pub.failures == {"annotate_pod": 1}
 
 
-def test_events_are_created_and_aggregated(admin: k8s.ApiClient, ns: str) -> None:
-    core = k8s.CoreV1Api(admin)
+def test_events_are_created_and_aggregated(
+    admin: k8s.ApiClient, rest: RestClient, ns: str
+) -> None:
+    core: Any = k8s.CoreV1Api(admin)  # dict bodies: the stubs want models
     made = make_pod(core, ns, "evented")
-    pub = KubePublisher(admin, host_node=NODE)
+    pub = KubePublisher(rest, host_node=NODE)
     pub.pod_event(ns, "evented", reason="NoFit", message="no device fits 3 units", warning=True)
     pub.pod_event(ns, "evented", reason="NoFit", message="no device fits 3 units", warning=True)
     pub.node_event(NODE, reason="BackendDegraded", message="NVML gone", warning=False)
@@ -144,9 +154,11 @@ def test_events_are_created_and_aggregated(admin: k8s.ApiClient, ns: str) -> Non
     assert [(e.reason, e.type) for e in node_evs] == [("BackendDegraded", "Normal")]
 
 
-def test_node_pod_cache_follows_the_real_watch(admin: k8s.ApiClient, ns: str) -> None:
-    core = k8s.CoreV1Api(admin)
-    src = KubePodSource.from_config(admin, ResourcesConfig())
+def test_node_pod_cache_follows_the_real_watch(
+    admin: k8s.ApiClient, rest: RestClient, ns: str
+) -> None:
+    core: Any = k8s.CoreV1Api(admin)  # dict bodies: the stubs want models
+    src = KubePodSource.from_config(rest, ResourcesConfig())
     cache = NodePodCache(src, NODE)
     cache.start()
     try:
@@ -163,11 +175,13 @@ def test_node_pod_cache_follows_the_real_watch(admin: k8s.ApiClient, ns: str) ->
     assert cache._thread is not None and not cache._thread.is_alive()
 
 
-def _agent_client(admin: k8s.ApiClient, apiserver: ApiServer, tmp_path: Path) -> k8s.ApiClient:
-    """A service account bound to a ClusterRole built from rbac.AGENT_RULES, used through
-    the in-cluster code path of make_api_client (token file + CA + service env)."""
-    core = k8s.CoreV1Api(admin)
-    rbac = k8s.RbacAuthorizationV1Api(admin)
+def _agent_token(
+    admin: k8s.ApiClient, apiserver: ApiServer, tmp_path: Path
+) -> tuple[Path, dict[str, str]]:
+    """A service account bound to a ClusterRole built from rbac.AGENT_RULES: its token
+    file and the in-cluster service env."""
+    core: Any = k8s.CoreV1Api(admin)  # dict bodies: the stubs want models
+    rbac: Any = k8s.RbacAuthorizationV1Api(admin)
     sa_ns = "gpu-share-system"
     core.create_namespace({"metadata": {"name": sa_ns}})
     core.create_namespaced_service_account(sa_ns, {"metadata": {"name": "gpu-share"}})
@@ -193,13 +207,19 @@ def _agent_client(admin: k8s.ApiClient, apiserver: ApiServer, tmp_path: Path) ->
     token = tmp_path / "token"
     token.write_text(tr.status.token)
     env = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(apiserver.port)}
-    return make_api_client(environ=env, token_file=str(token), ca_file=apiserver.ca_file)
+    return token, env
+
+
+def _agent_client(admin: k8s.ApiClient, apiserver: ApiServer, tmp_path: Path) -> RestClient:
+    """The agent's client through the in-cluster code path (token file + CA + env)."""
+    token, env = _agent_token(admin, apiserver, tmp_path)
+    return make_rest_client(environ=env, token_file=str(token), ca_file=apiserver.ca_file)
 
 
 def test_agent_works_with_exactly_the_rbac_rules(
     admin: k8s.ApiClient, apiserver: ApiServer, ns: str, tmp_path: Path
 ) -> None:
-    core = k8s.CoreV1Api(admin)
+    core: Any = k8s.CoreV1Api(admin)  # dict bodies: the stubs want models
     make_pod(core, ns, "rbac-pod", containers=[container("c", mem=1, core=5)])
     agent = _agent_client(admin, apiserver, tmp_path)
     src = KubePodSource.from_config(agent, ResourcesConfig())
@@ -223,18 +243,16 @@ def test_agent_works_with_exactly_the_rbac_rules(
     assert pub.failures == {}
     assert (pub.node_annotations(NODE) or {}).get("vendor.com/agent") == "yes"
     # ... and nothing more: no deleting pods, no secrets, no node writes beyond patch.
-    agent_core = k8s.CoreV1Api(agent)
-    for forbidden in (
-        lambda: agent_core.delete_namespaced_pod("rbac-pod", ns),
-        lambda: agent_core.list_namespaced_secret(ns),
-        lambda: agent_core.delete_node(NODE),
-        lambda: agent_core.create_namespaced_pod(
-            ns, {"metadata": {"name": "x"}, "spec": {"containers": [container("c")]}}
-        ),
+    pod_path = f"/api/v1/namespaces/{ns}/pods"
+    for method, path, body in (
+        ("DELETE", f"{pod_path}/rbac-pod", None),
+        ("GET", f"/api/v1/namespaces/{ns}/secrets", None),
+        ("DELETE", f"/api/v1/nodes/{NODE}", None),
+        ("POST", pod_path, {"metadata": {"name": "x"}, "spec": {"containers": [container("c")]}}),
     ):
-        with pytest.raises(k8s.ApiException) as ei:
-            forbidden()
-        assert ei.value.status == 403
+        with pytest.raises(ApiError) as ei:
+            agent.request("forbidden", method, path, body=body)
+        assert ei.value.status == 403 and ei.value.reason == "KubeForbidden"
     assert core.read_namespaced_pod("rbac-pod", ns).metadata.name == "rbac-pod"
 
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from kube_fakes import Call, FakeStream, fake_api, pod_obj, status_obj
+from kube_fakes import Call, FakeStream, fake_rest, pod_obj, status_obj
 from kubernetes import client as k8s
 
 from gpu_share.config.model import ResourcesConfig
@@ -18,6 +18,7 @@ from gpu_share.kube.pods import (
     pod_view_from_dict,
     pod_view_from_v1,
 )
+from gpu_share.kube.rest import KubeTimeouts
 from gpu_share.sharing.model import ContainerKind, ContainerRequest
 
 MEM = "vendor.com/vcuda-memory"
@@ -34,7 +35,7 @@ def res(limits: dict[str, Any] | None = None, requests: dict[str, Any] | None = 
 
 
 def source(handler: Any) -> tuple[KubePodSource, Any]:
-    api, http = fake_api(handler)
+    api, http = fake_rest(handler)
     return KubePodSource.from_config(api, ResourcesConfig()), http
 
 
@@ -173,7 +174,11 @@ def test_get_pod_reads_one_pod_with_timeout() -> None:
     assert view is not None and view.name == "p"
     (call,) = http.calls
     assert (call.method, call.path) == ("GET", "/api/v1/namespaces/ns/pods/p")
-    assert call.timeout is not None and call.timeout.connect_timeout == 5.0
+    # Every request is bounded (the timeouts themselves: tests/kube/test_rest.py).
+    assert src._api.t == KubeTimeouts(connect=5.0, read=15.0)
+    fast = KubePodSource.from_config(src._api, ResourcesConfig(),
+                                     timeouts=KubeTimeouts(connect=1.0, read=2.0))
+    assert fast._api.t == KubeTimeouts(connect=1.0, read=2.0) and src._api.t.read == 15.0
 
 
 def test_get_pod_404_is_none() -> None:
@@ -192,10 +197,8 @@ def test_get_pod_errors_raise_kube_access_error_naming_the_op(status: int) -> No
 
 
 def test_transport_error_raises_kube_access_error() -> None:
-    import urllib3
-
     def boom(call: Call) -> Any:
-        return (0, urllib3.exceptions.NewConnectionError(None, "refused"))  # type: ignore[arg-type]
+        return (0, ConnectionResetError("dropped"))  # the server drops the connection
 
     src, _ = source(boom)
     with pytest.raises(KubeAccessError, match="list pods of node n1"):
@@ -203,11 +206,7 @@ def test_transport_error_raises_kube_access_error() -> None:
 
 
 def test_undecodable_answer_is_kube_access_error() -> None:
-    import urllib3
-
-    api, http = fake_api(lambda c: (200, None))
-    http.request = lambda *a, **k: urllib3.HTTPResponse(body=b"<html>", status=200)  # type: ignore[method-assign]
-    src = KubePodSource.from_config(api, ResourcesConfig())
+    src, _ = source(lambda c: (200, b"<html>"))
     with pytest.raises(KubeAccessError, match="undecodable"):
         src.get_pod("ns", "p")
 
@@ -317,7 +316,7 @@ def test_cache_lists_watches_relists_on_410_and_stops() -> None:
     finally:
         cache.stop(timeout=5)
     assert cache._thread is not None and not cache._thread.is_alive()
-    assert watches[-1].shut.is_set()
+    assert wait_for(watches[-1].shut.is_set, 5)  # the server saw the watch closed
     assert not cache.synced
 
 

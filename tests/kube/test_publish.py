@@ -3,7 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from kube_fakes import Call, fake_api, pod_obj, status_obj
+from kube_fakes import Call, fake_rest, pod_obj, status_obj
 
 from gpu_share.errors import KubeAccessError
 from gpu_share.kube.publish import KubePublisher
@@ -18,7 +18,7 @@ class Clock:
 
 
 def publisher(handler: Any, **kw: Any) -> tuple[KubePublisher, Any, Clock]:
-    api, http = fake_api(handler)
+    api, http = fake_rest(handler)
     clock = Clock()
     pub = KubePublisher(api, host_node="node-a", clock=clock, wall_clock=lambda: 1714557600.0, **kw)
     return pub, http, clock

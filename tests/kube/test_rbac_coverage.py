@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kube_fakes import Call, FakeStream, fake_api, pod_obj
+from kube_fakes import Call, FakeStream, fake_rest, pod_obj
 
 import gpu_share.kube
 from gpu_share.config.model import ResourcesConfig
@@ -49,7 +49,7 @@ def exercise_everything() -> set[tuple[str, str, str]]:
             return 200, {"metadata": {"name": "node-a"}}
         return 200, {}
 
-    api, http = fake_api(handler)
+    api, http = fake_rest(handler)
     src = KubePodSource.from_config(api, ResourcesConfig())
     src.get_pod("ns", "p")
     src.list_node_pods("node-a")
@@ -80,15 +80,30 @@ def test_every_recorded_call_is_granted_and_every_rule_is_used() -> None:
     assert granted() <= used, f"rules never used: {sorted(granted() - used)}"
 
 
-def static_calls() -> set[str]:
-    """Names of generated API methods referenced in the package's source."""
-    pattern = re.compile(r"_core\.((?:read|list|patch|create|delete|replace)_[a-z_]+)\b")
-    names: set[str] = set()
+# The agent's modules call the API through kube.rest: a verb method of the client (or a
+# list/watch helper) followed by the literal path it calls.
+REST_CALL = re.compile(
+    r"(_api\.(?:get|patch|create)|rest_watch|rest_paged_list)\b[^\n]*\n?(?:[^\n]*\n){0,3}?"
+    r"[^\n]*?f?\"(/api/v1/[^\"]*)\""
+)
+REST_VERBS = {"_api.patch": "patch", "_api.create": "create", "rest_watch": "watch",
+              "rest_paged_list": "list"}
+
+
+def static_calls() -> set[tuple[str, str, str]]:
+    """(apiGroup, resource, verb) of every REST call written in the agent's modules."""
+    found: set[tuple[str, str, str]] = set()
     for path in KUBE_DIR.glob("*.py"):
-        if path.name in EXTENDER_MODULES:
-            continue  # the extender's calls are held to EXTENDER_RULES below
-        names.update(pattern.findall(path.read_text()))
-    return names
+        if path.name in EXTENDER_MODULES or path.name in ("client.py", "listwatch.py"):
+            continue  # the generated client's helpers: the extender's
+        for fn, url in REST_CALL.findall(path.read_text()):
+            parts = [p for p in url.strip("/").split("/") if p][2:]
+            if parts[:1] == ["namespaces"]:
+                parts = parts[2:]
+            named = len(parts) > 1
+            verb = REST_VERBS.get(fn) or ("get" if named else "list")
+            found.add(("", parts[0], verb))
+    return found
 
 
 # Modules used only by the scheduler extender, not by the node agent.
@@ -116,18 +131,19 @@ def method_rule(name: str) -> tuple[str, str, str]:
     return ("", rest + "s", VERBS[verb])
 
 
-def test_every_api_method_in_the_source_is_granted() -> None:
-    names = static_calls()
+def test_every_api_call_in_the_source_is_granted() -> None:
+    calls = static_calls()
     # Sanity: the scan sees the calls we know are there (a broken regex would pass).
     assert {
-        "read_namespaced_pod",
-        "list_pod_for_all_namespaces",
-        "patch_node",
-        "create_namespaced_event",
-        "patch_namespaced_event",
-    } <= names
-    missing = {n: method_rule(n) for n in names if method_rule(n) not in granted()}
-    assert not missing, f"API methods without an RBAC rule: {missing}"
+        ("", "pods", "get"),
+        ("", "pods", "list"),
+        ("", "pods", "watch"),
+        ("", "nodes", "patch"),
+        ("", "events", "create"),
+        ("", "events", "patch"),
+    } <= calls
+    missing = calls - granted()
+    assert not missing, f"API calls without an RBAC rule: {sorted(missing)}"
 
 
 def test_rules_have_no_duplicates() -> None:

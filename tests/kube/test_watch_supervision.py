@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Any
 
-from kube_fakes import Call, FakeStream, fake_api, pod_obj
+from kube_fakes import Call, FakeStream, fake_api, fake_rest, pod_obj
 
 from gpu_share.config.model import ResourcesConfig
 from gpu_share.kube.cluster_view import KubeClusterView
@@ -57,7 +57,7 @@ def test_pod_watch_survives_a_nested_array_and_counts_it() -> None:
     handler, counts = _poisoned_then_fine(
         lambda n: [pod_obj("a")] if n == 1 else [pod_obj("a"), pod_obj("b")]
     )
-    api, _ = fake_api(handler)
+    api, _ = fake_rest(handler)
     errors: list[str] = []
     sup = LoopSupervisor(backoff=FAST)
     cache = NodePodCache(

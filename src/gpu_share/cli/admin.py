@@ -93,12 +93,12 @@ def _validate(path: str, count: int | None, memory_mib: int | None) -> int:
 def _slices(node: str, kubeconfig: str | None, domain: str) -> int:
     # Imported lazily: the other subcommands must not need the kubernetes client.
     from gpu_share.config.model import ResourcesConfig
-    from gpu_share.kube.client import make_api_client
     from gpu_share.kube.pods import KubePodSource
+    from gpu_share.kube.rest import make_rest_client
     from gpu_share.sharing.annotations import PodAssignment, assignment_key
 
     resources = ResourcesConfig(domain=domain)
-    source = KubePodSource.from_config(make_api_client(kubeconfig), resources)
+    source = KubePodSource.from_config(make_rest_client(kubeconfig), resources)
     key = assignment_key(domain)
     rows = [("POD", "CONTAINER", "DEVICE", "MEMORY UNITS", "CORES %", "EXCLUSIVE", "SOURCE")]
     for pod in sorted(source.list_node_pods(node), key=lambda p: (p.namespace, p.name)):

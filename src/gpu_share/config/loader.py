@@ -20,12 +20,10 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_origin
 
 import yaml
-from pydantic import BaseModel, ValidationError, create_model
-from pydantic_settings import BaseSettings, EnvSettingsSource
-from pydantic_settings.exceptions import SettingsError
+from pydantic import BaseModel, ValidationError
 
 from gpu_share.config.model import CONFIG_VERSION, AgentConfig
 from gpu_share.errors import ConfigError
@@ -279,59 +277,94 @@ class _EnvLayer:
         self.origins = origins
 
 
-def _settings_shadow() -> type[BaseSettings]:
-    # A BaseSettings with AgentConfig's top-level fields (no aliases), derived rather
-    # than written out so AgentConfig stays the single list of fields. It is only
-    # used to drive pydantic-settings' env parsing, never instantiated.
-    fields: dict[str, Any] = {
-        name: (info.annotation, None) for name, info in AgentConfig.model_fields.items()
-    }
-    model: type[BaseSettings] = create_model("AgentConfigEnv", __base__=BaseSettings, **fields)
-    return model
+# The environment is read as pydantic-settings' env source read it (case-insensitive
+# names, ``__`` for nesting, JSON for lists and sections), written out here because
+# importing pydantic-settings cost the agent ~4 MiB and ~40 ms at every start.
 
 
-_SHADOW: type[BaseSettings] | None = None
+def _is_complex(annotation: Any) -> bool:
+    """A section (model) or a list: its variable holds JSON."""
+    origin = get_origin(annotation) or annotation
+    return isinstance(origin, type) and (
+        issubclass(origin, BaseModel | list | tuple | set | frozenset | dict)
+    )
 
 
-class _MappingEnvSource(EnvSettingsSource):
-    """pydantic-settings' env source reading a given mapping instead of os.environ."""
+def _sub_annotation(annotation: Any, key: str) -> Any:
+    """The type of field ``key`` (snake or YAML name, any case) of a section, or None."""
+    if not _is_model(annotation):
+        return None
+    for name, info in annotation.model_fields.items():
+        if key in (name.lower(), (info.alias or name).lower()):
+            return info.annotation
+    return None
 
-    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
-        self._environ = environ
-        super().__init__(
-            settings_cls,
-            case_sensitive=False,
-            env_prefix=ENV_PREFIX,
-            env_nested_delimiter=ENV_NESTED_DELIMITER,
-        )
 
-    def _load_env_vars(self) -> Mapping[str, str | None]:
-        return {k.lower(): v for k, v in self._environ.items()}
+def _json_env(name: str, text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(
+            f"invalid environment variable {name}: {exc}; list values are JSON, e.g. "
+            'GPU_SHARE_HEALTH__IGNORED_XIDS="[13, 31]"'
+        ) from None
+
+
+def _explode(annotation: Any, prefix: str, env: Mapping[str, tuple[str, str]]) -> dict[str, Any]:
+    """``PREFIX__A__B=v`` variables as ``{"a": {"b": v}}`` (keys lower case); a value
+    whose field is a list or section is JSON."""
+    result: dict[str, Any] = {}
+    for key, (name, text) in env.items():
+        if not key.startswith(prefix):
+            continue
+        *keys, last = key[len(prefix):].split(ENV_NESTED_DELIMITER)
+        node: Any = result
+        target = annotation
+        for part in keys:
+            target = _sub_annotation(target, part)
+            if isinstance(node, dict):
+                node = node.setdefault(part, {})
+        target = _sub_annotation(target, last)
+        value: Any = text
+        if target is not None and text and _is_complex(target):
+            value = _json_env(name, text)
+        if isinstance(node, dict):
+            node[last] = value
+    return result
+
+
+def _env_raw(env: Mapping[str, tuple[str, str]]) -> dict[str, Any]:
+    """AgentConfig's top-level fields from ``env`` (lower-case name -> (name, value))."""
+    out: dict[str, Any] = {}
+    for field_name, info in AgentConfig.model_fields.items():
+        key = ENV_PREFIX.lower() + field_name
+        found = env.get(key)
+        if not _is_complex(info.annotation):
+            if found is not None:
+                out[field_name] = found[1]
+            continue
+        prefix = key + ENV_NESTED_DELIMITER
+        if found is None:
+            if nested := _explode(info.annotation, prefix, env):
+                out[field_name] = nested
+            continue
+        # A JSON object is merged with the nested variables; any other JSON value
+        # (null: as if unset) hides them.
+        value = _json_env(found[0], found[1])
+        if isinstance(value, dict):
+            out[field_name] = _deep_merge(value, _explode(info.annotation, prefix, env))
+        elif value is not None:
+            out[field_name] = value
+    return out
 
 
 def _env_layer(environ: Mapping[str, str]) -> _EnvLayer:
-    global _SHADOW
-    if _SHADOW is None:
-        _SHADOW = _settings_shadow()
     relevant = {
-        k: v
+        k.lower(): (k, v)
         for k, v in environ.items()
         if k.upper().startswith(ENV_PREFIX) and k.upper() != CONFIG_PATH_ENV
     }
-    try:
-        raw = _MappingEnvSource(_SHADOW, relevant)()
-    except SettingsError as exc:
-        # Raised for a list/object value that is not valid JSON; name the suspects.
-        field = re.search(r'field "([^"]+)"', str(exc))
-        stem = (ENV_PREFIX + field.group(1)).upper() if field else ENV_PREFIX
-        suspects = sorted(
-            k for k, v in relevant.items() if k.upper().startswith(stem) and not _is_json(v)
-        )
-        names = ", ".join(suspects) or "a GPU_SHARE_* variable"
-        raise ConfigError(
-            f"invalid environment variable {names}: {exc.__cause__ or exc}; list values "
-            'are JSON, e.g. GPU_SHARE_HEALTH__IGNORED_XIDS="[13, 31]"'
-        ) from None
+    raw = _env_raw(relevant)
     values, origins = _to_yaml_keys(AgentConfig, raw, (), (ENV_PREFIX.rstrip("_"),))
     if "nodeName" not in values and environ.get(DOWNWARD_NODE_NAME_ENV):
         values["nodeName"] = environ[DOWNWARD_NODE_NAME_ENV]

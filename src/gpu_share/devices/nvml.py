@@ -26,8 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from types import ModuleType
-from typing import Any
+from typing import Protocol, TypedDict, cast
 
 from gpu_share.config.model import DEFAULT_FATAL_XIDS, DEFAULT_IGNORED_XIDS, HealthConfig
 from gpu_share.devices.base import Device, DeviceNode, HealthEvent, RuntimeNaming
@@ -49,9 +48,72 @@ REASON_DBE = "ecc-double-bit"
 MAX_EVENTS_PER_POLL = 64
 
 
+# NVML's opaque ctypes handles (device, event set): only ever passed back to NVML.
+NvmlHandle = object
+
+
+class _NvmlError(Exception):
+    value: int  # an NVML_ERROR_* code
+
+
+class _MemoryInfo(Protocol):
+    @property
+    def total(self) -> int: ...
+
+
+class _PciInfo(Protocol):
+    @property
+    def busId(self) -> str | bytes: ...
+
+
+class _EventData(Protocol):
+    @property
+    def device(self) -> NvmlHandle: ...
+    @property
+    def eventType(self) -> int: ...
+    @property
+    def eventData(self) -> int: ...
+
+
+class NvmlApi(Protocol):
+    """The part of ``pynvml`` this module uses (nvidia-ml-py ships no type hints)."""
+
+    NVMLError: type[_NvmlError]
+    NVML_ERROR_TIMEOUT: int
+    NVML_ERROR_GPU_IS_LOST: int
+    nvmlEventTypeXidCriticalError: int
+    nvmlEventTypeDoubleBitEccError: int
+
+    def nvmlInit(self) -> None: ...
+    def nvmlShutdown(self) -> None: ...
+    def nvmlSystemGetDriverVersion(self) -> str | bytes: ...
+    def nvmlDeviceGetCount(self) -> int: ...
+    def nvmlDeviceGetHandleByIndex(self, index: int, /) -> NvmlHandle: ...
+    def nvmlDeviceGetHandleByUUID(self, uuid: str, /) -> NvmlHandle: ...
+    def nvmlDeviceGetUUID(self, handle: NvmlHandle, /) -> str | bytes: ...
+    def nvmlDeviceGetMinorNumber(self, handle: NvmlHandle, /) -> int: ...
+    def nvmlDeviceGetMemoryInfo(self, handle: NvmlHandle, /) -> _MemoryInfo: ...
+    def nvmlDeviceGetName(self, handle: NvmlHandle, /) -> str | bytes: ...
+    def nvmlDeviceGetIndex(self, handle: NvmlHandle, /) -> int: ...
+    def nvmlDeviceGetPciInfo(self, handle: NvmlHandle, /) -> _PciInfo: ...
+    def nvmlDeviceGetSupportedEventTypes(self, handle: NvmlHandle, /) -> int: ...
+    def nvmlDeviceRegisterEvents(
+        self, handle: NvmlHandle, mask: int, event_set: NvmlHandle, /
+    ) -> None: ...
+    def nvmlEventSetCreate(self) -> NvmlHandle: ...
+    def nvmlEventSetFree(self, event_set: NvmlHandle, /) -> None: ...
+    def nvmlEventSetWait_v2(self, event_set: NvmlHandle, timeout_ms: int, /) -> _EventData: ...
+
+
+class DeviceHealth(TypedDict):
+    healthy: bool
+    reason: str
+    transient: bool
+
+
 @dataclass
 class _State:
-    handle: Any
+    handle: NvmlHandle
     healthy: bool = True
     reason: str = ""
     transient: bool = False
@@ -59,7 +121,7 @@ class _State:
     events_registered: bool = False
 
 
-def _text(value: Any) -> str:
+def _text(value: str | bytes) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
@@ -81,7 +143,7 @@ class NvmlBackend:
         self,
         health: HealthConfig | None = None,
         *,
-        nvml: ModuleType | None = None,
+        nvml: NvmlApi | None = None,
         clock: Callable[[], float] = time.monotonic,
         dev_root: str = "/dev",
         sysfs_root: str = "/sys",
@@ -99,15 +161,16 @@ class NvmlBackend:
         self._stop = threading.Event()
         self._devices: list[Device] = []
         self._states: dict[str, _State] = {}
-        self._event_set: Any = None
+        self._event_set: NvmlHandle | None = None
         self._started = False
         # Human-readable remarks from discovery (unsupported events, skipped devices).
         self.notes: list[str] = []
 
     @property
-    def nvml(self) -> Any:
+    def nvml(self) -> NvmlApi:
         if self._nvml_module is None:
-            self._nvml_module = importlib.import_module("pynvml")
+            # Untyped module: NvmlApi states what we rely on from it.
+            self._nvml_module = cast(NvmlApi, importlib.import_module("pynvml"))
         return self._nvml_module
 
     # ------------------------------------------------------------------ lifecycle
@@ -183,7 +246,7 @@ class NvmlBackend:
             self._devices = sorted(devices, key=lambda d: d.index)
             self._states = states
 
-    def _describe(self, index: int, handle: Any) -> Device:
+    def _describe(self, index: int, handle: NvmlHandle) -> Device:
         n = self.nvml
         uuid = _text(n.nvmlDeviceGetUUID(handle))
         minor = int(n.nvmlDeviceGetMinorNumber(handle))
@@ -213,7 +276,7 @@ class NvmlBackend:
             ),
         )
 
-    def _numa_node(self, handle: Any, bus_id: str) -> int | None:
+    def _numa_node(self, handle: NvmlHandle, bus_id: str) -> int | None:
         n = self.nvml
         getter = getattr(n, "nvmlDeviceGetNumaNodeId", None)
         if getter is not None:
@@ -320,7 +383,7 @@ class NvmlBackend:
             self._stop.wait(timeout_s)
         return out
 
-    def _uuid_of_event(self, data: Any) -> str | None:
+    def _uuid_of_event(self, data: _EventData) -> str | None:
         n = self.nvml
         try:
             uuid = _text(n.nvmlDeviceGetUUID(data.device))
@@ -328,7 +391,7 @@ class NvmlBackend:
             return None
         return uuid if uuid in self._states else None
 
-    def _on_event(self, data: Any) -> list[HealthEvent]:
+    def _on_event(self, data: _EventData) -> list[HealthEvent]:
         n = self.nvml
         etype = int(data.eventType)
         if etype == int(n.nvmlEventTypeXidCriticalError):
@@ -425,7 +488,7 @@ class NvmlBackend:
             # Live states: only the single health thread mutates them outside the lock.
             return list(self._states.items())
 
-    def health_detail(self) -> dict[str, dict[str, Any]]:
+    def health_detail(self) -> dict[str, DeviceHealth]:
         """Per device: healthy, reason, transient; for probes and status output."""
         with self._lock:
             return {
@@ -465,7 +528,7 @@ _INIT_HINTS: dict[str, tuple[str, str]] = {
 }
 
 
-def init_error(nvml: Any, exc: BaseException) -> DeviceBackendError:
+def init_error(nvml: object, exc: BaseException) -> DeviceBackendError:
     """Translate an nvmlInit failure into a DeviceBackendError a person can act on."""
     value = getattr(exc, "value", None)
     for const, (reason, hint) in _INIT_HINTS.items():

@@ -9,6 +9,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpu_share.extender.api import (
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    ExtenderBindingResult,
+    ExtenderFilterResult,
+    HostPriority,
+)
 from gpu_share.extender.ports import Binder, ClusterView
 from gpu_share.sharing.decision import ContainerDecision, Decision, decision_key, sign
 from gpu_share.sharing.model import ResourceNames
@@ -76,11 +83,10 @@ class Extender:
         return reqs
 
     @staticmethod
-    def _node_names(args: Mapping[str, Any]) -> list[str]:
-        if args.get("NodeNames") is not None:
-            return [str(n) for n in args["NodeNames"]]
-        items = ((args.get("Nodes") or {}).get("items")) or []
-        return [str(n["metadata"]["name"]) for n in items]
+    def _node_names(args: ExtenderArgs) -> list[str]:
+        if "NodeNames" in args:
+            return list(args["NodeNames"])
+        return [str(n["metadata"]["name"]) for n in args["Nodes"]["items"]]
 
     def _evaluate(self, names: list[str], demand: PodDemand) -> dict[str, Placement | NoFit]:
         policy = self._policy_factory(self.view)
@@ -97,9 +103,9 @@ class Extender:
             )
         return out
 
-    def filter(self, args: Mapping[str, Any]) -> dict[str, Any]:
+    def filter(self, args: ExtenderArgs) -> ExtenderFilterResult:
         try:
-            reqs = self._remember(args.get("Pod") or {})
+            reqs = self._remember(args["Pod"])
         except ValueError as e:
             return {
                 "NodeNames": None,
@@ -114,27 +120,23 @@ class Extender:
                 if isinstance(r, NoFit):
                     failed[n] = f"gpu-share: {r.reason}"
         keep = [n for n in names if n not in failed]
-        result: dict[str, Any] = {
+        result: ExtenderFilterResult = {
             "FailedNodes": failed,
             "FailedAndUnresolvableNodes": {},
             "Error": "",
         }
-        if args.get("NodeNames") is not None:
+        if "NodeNames" in args:
             result["NodeNames"] = keep
         else:
             kept = set(keep)
-            items = [
-                x
-                for x in (args.get("Nodes") or {}).get("items") or []
-                if x["metadata"]["name"] in kept
-            ]
+            items = [x for x in args["Nodes"]["items"] if x["metadata"]["name"] in kept]
             result["Nodes"] = {"items": items}
         return result
 
-    def prioritize(self, args: Mapping[str, Any]) -> list[dict[str, Any]]:
+    def prioritize(self, args: ExtenderArgs) -> list[HostPriority]:
         names = self._node_names(args)
         try:
-            reqs = self._remember(args.get("Pod") or {})
+            reqs = self._remember(args["Pod"])
         except ValueError:
             reqs = PodRequest()
         if not reqs.uses_ours:
@@ -152,9 +154,9 @@ class Extender:
             )
         return [{"Host": n, "Score": scores[n]} for n in names]
 
-    def bind(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        ns, name = str(args.get("PodNamespace", "")), str(args.get("PodName", ""))
-        uid, node = str(args.get("PodUID", "")), str(args.get("Node", ""))
+    def bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:
+        ns, name = args["PodNamespace"], args["PodName"]
+        uid, node = args["PodUID"], args["Node"]
         with self._seen_lock:
             reqs = self._seen.get(uid)
         if reqs is None:

@@ -10,15 +10,20 @@ from __future__ import annotations
 import json
 import logging
 import ssl
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from http import HTTPStatus
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from gpu_share.extender import validate
+from gpu_share.extender.api import ExtenderArgs, ExtenderBindingArgs
 from gpu_share.extender.core import Extender
 from gpu_share.observability.http import BoundedHandler, BoundedServer, ServerLimits
 
 log = logging.getLogger(__name__)
+
+A = TypeVar("A")
 
 MiB = 2**20
 # NodeNames-only args (nodeCacheCapable, what the chart configures) are a few KiB even
@@ -44,6 +49,16 @@ def _probe(liveness: Callable[[], bool] | None) -> tuple[bool, str]:
         return False, f"not ok: {exc}"[:300]
 
 
+@dataclass(frozen=True)
+class _Route(Generic[A]):
+    check: Callable[[Any], A]  # parsed JSON -> typed args; raises validate.BadRequest
+    run: Callable[[A], object]  # typed args -> the JSON-shaped answer
+
+    def parse(self, value: Any) -> Callable[[], object]:
+        """The call answering ``value``; raises ``validate.BadRequest``."""
+        return partial(self.run, self.check(value))
+
+
 def make_server(
     extender: Extender,
     host: str,
@@ -57,10 +72,10 @@ def make_server(
 
     ``liveness`` backs ``/healthz`` and ``/readyz``: False or an exception (e.g. a
     cluster-view watch loop that stopped beating) answers 503 with a bounded reason."""
-    routes: dict[str, tuple[Callable[[Any], Mapping[str, Any]], Callable[..., Any]]] = {
-        "/filter": (validate.filter_args, extender.filter),
-        "/prioritize": (validate.filter_args, extender.prioritize),
-        "/bind": (validate.bind_args, extender.bind),
+    routes: dict[str, _Route[ExtenderArgs] | _Route[ExtenderBindingArgs]] = {
+        "/filter": _Route(validate.filter_args, extender.filter),
+        "/prioritize": _Route(validate.filter_args, extender.prioritize),
+        "/bind": _Route(validate.bind_args, extender.bind),
     }
 
     class Handler(BoundedHandler):
@@ -83,14 +98,13 @@ def make_server(
             if entry is None:
                 self._json(404, {"Error": NOT_FOUND})
                 return
-            check, fn = entry
             try:
-                args = check(validate.parse_json(self.body))
+                call = entry.parse(validate.parse_json(self.body))
             except validate.BadRequest as e:
                 self._json(400, {"Error": str(e)})
                 return
             try:
-                data = json.dumps(fn(args)).encode()
+                data = json.dumps(call()).encode()
             except Exception:  # a bug must not kill the server; the scheduler retries
                 log.exception("extender %s failed", route)
                 self._json(500, {"Error": INTERNAL_ERROR})

@@ -3,7 +3,7 @@
 Every route answers 400 with a short reason when its body is not what kube-scheduler
 sends: not UTF-8, not JSON (``NaN``/``Infinity`` included), nested too deeply, or a field
 of the wrong type at any level core.py reads. After ``filter_args``/``bind_args`` the
-core may index what it reads without guarding types. Reasons never echo more than
+core reads typed ``extender.api`` values. Reasons never echo more than
 ``REASON_LIMIT`` characters of the input.
 """
 
@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from itertools import accumulate
 from typing import Any, NoReturn
 
+from gpu_share.extender.api import ExtenderArgs, ExtenderBindingArgs
 from gpu_share.observability.http import REASON_LIMIT, short_repr
 
 MAX_NAME = 253  # a DNS subdomain: node names, namespaces, pod names, UIDs
@@ -87,13 +88,17 @@ def _list(value: Any, where: str) -> list[Any]:
     return value
 
 
-def _name(value: Any, where: str, *, optional: bool = True) -> None:
-    if value is None and optional:
-        return
+def _name(value: Any, where: str) -> str:
     if not isinstance(value, str):
         _bad(where, f"must be a string, got {_kind(value)}")
     if len(value) > MAX_NAME:
         _bad(where, f"longer than {MAX_NAME} characters: {short_repr(value, 40)}")
+    return value
+
+
+def _opt_name(value: Any, where: str) -> None:
+    if value is not None:
+        _name(value, where)
 
 
 def _kind(value: Any) -> str:
@@ -124,7 +129,7 @@ def _quantities(value: Any, where: str) -> None:
 
 def _container(value: Any, where: str) -> None:
     c = _obj(value, where, optional=False)
-    _name(c.get("name"), f"{where}.name")
+    _opt_name(c.get("name"), f"{where}.name")
     restart = c.get("restartPolicy")
     if restart is not None and not isinstance(restart, str):
         _bad(f"{where}.restartPolicy", f"must be a string, got {_kind(restart)}")
@@ -133,36 +138,49 @@ def _container(value: Any, where: str) -> None:
     _quantities(res.get("limits"), f"{where}.resources.limits")
 
 
-def _pod(value: Any) -> None:
+def _pod(value: Any) -> Mapping[str, Any]:
     pod = _obj(value, "Pod", optional=False)
     meta = _obj(pod.get("metadata"), "Pod.metadata")
     for field in ("name", "namespace", "uid"):
-        _name(meta.get(field), f"Pod.metadata.{field}")
+        _opt_name(meta.get(field), f"Pod.metadata.{field}")
     spec = _obj(pod.get("spec"), "Pod.spec")
     for field in ("initContainers", "containers"):
         for i, c in enumerate(_list(spec.get(field), f"Pod.spec.{field}")):
             _container(c, f"Pod.spec.{field}[{i}]")
     _quantities(spec.get("overhead"), "Pod.spec.overhead")
+    return pod
 
 
-def filter_args(value: Any) -> Mapping[str, Any]:
+def _node(value: Any, where: str) -> Mapping[str, Any]:
+    node = _obj(value, where, optional=False)
+    meta = _obj(node.get("metadata"), f"{where}.metadata", optional=False)
+    _name(meta.get("name"), f"{where}.metadata.name")
+    return node
+
+
+def filter_args(value: Any) -> ExtenderArgs:
     """ExtenderArgs ``{Pod, Nodes: {items: [{metadata: {name}}]} | NodeNames: [str]}``
     for /filter and /prioritize."""
     args = _obj(value, "body", optional=False)
-    _pod(args.get("Pod"))
-    for i, n in enumerate(_list(args.get("NodeNames"), "NodeNames")):
-        _name(n, f"NodeNames[{i}]", optional=False)
+    pod = _pod(args.get("Pod"))
+    names = [
+        _name(n, f"NodeNames[{i}]") for i, n in enumerate(_list(args.get("NodeNames"), "NodeNames"))
+    ]
     nodes = _obj(args.get("Nodes"), "Nodes")
-    for i, item in enumerate(_list(nodes.get("items"), "Nodes.items")):
-        meta = _obj(_obj(item, f"Nodes.items[{i}]", optional=False).get("metadata"),
-                    f"Nodes.items[{i}].metadata", optional=False)
-        _name(meta.get("name"), f"Nodes.items[{i}].metadata.name", optional=False)
-    return args
+    raw_items = _list(nodes.get("items"), "Nodes.items")
+    items = [_node(x, f"Nodes.items[{i}]") for i, x in enumerate(raw_items)]
+    out: ExtenderArgs = {"Pod": pod, "Nodes": {"items": items}}
+    if args.get("NodeNames") is not None:  # an empty list still means "answer NodeNames"
+        out["NodeNames"] = names
+    return out
 
 
-def bind_args(value: Any) -> Mapping[str, Any]:
+def bind_args(value: Any) -> ExtenderBindingArgs:
     """ExtenderBindingArgs ``{PodName, PodNamespace, PodUID, Node}`` (all strings)."""
     args = _obj(value, "body", optional=False)
-    for field in ("PodName", "PodNamespace", "PodUID", "Node"):
-        _name(args.get(field), field, optional=False)
-    return args
+    return {
+        "PodName": _name(args.get("PodName"), "PodName"),
+        "PodNamespace": _name(args.get("PodNamespace"), "PodNamespace"),
+        "PodUID": _name(args.get("PodUID"), "PodUID"),
+        "Node": _name(args.get("Node"), "Node"),
+    }

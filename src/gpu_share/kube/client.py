@@ -1,4 +1,5 @@
-"""Building an ``ApiClient`` for the API server, and the shared call helpers.
+"""Building a generated-client ``ApiClient`` (the scheduler extender, admin tools), and
+its call helpers. The node agent uses ``kube.rest`` instead (no generated client).
 
 This package is the only place that imports ``kubernetes``. Every call made from here
 passes an explicit (connect, read) timeout: the generated client has no default and
@@ -11,7 +12,6 @@ import contextlib
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from kubernetes.config.incluster_config import (
 )
 
 from gpu_share.errors import KubeAccessError
+from gpu_share.kube.rest import KubeTimeouts, RestClient, RestConfig
 
 __all__ = [
     "ApiClient",
@@ -41,17 +42,6 @@ ApiClient = k8s.ApiClient
 # The kubernetes package is untyped; these names make that explicit at one place.
 _InClusterLoader: Any = InClusterConfigLoader
 _load_kube_config: Any = kube_config.load_kube_config
-
-
-@dataclass(frozen=True)
-class KubeTimeouts:
-    """Seconds; ``read`` bounds the wait for each response (not for a whole watch)."""
-
-    connect: float = 5.0
-    read: float = 15.0
-
-    def pair(self) -> tuple[float, float]:
-        return (self.connect, self.read)
 
 
 def make_api_client(
@@ -109,6 +99,20 @@ def make_api_client(
     api = k8s.ApiClient(configuration=cfg)
     api.user_agent = "gpu-share-plugin"
     return api
+
+
+def rest_client_of(api: Any) -> RestClient:
+    """The agent's REST client for what a generated ``ApiClient`` was configured with
+    (admin tools that build one and pass it on). Its token is read once."""
+    c = api.configuration
+    auth = next((v.get("value") for v in c.auth_settings().values()
+                 if v.get("key") == "authorization"), None)
+    token = str(auth).removeprefix("Bearer ").removeprefix("bearer ") if auth else None
+    return RestClient(RestConfig(
+        server=str(c.host), ca_file=c.ssl_ca_cert or None, insecure=not c.verify_ssl,
+        tls_server_name=getattr(c, "tls_server_name", None) or None,
+        cert_file=c.cert_file or None, key_file=c.key_file or None, token=token,
+    ))
 
 
 def _load_kubeconfig(path: str, context: str | None, cfg: k8s.Configuration) -> None:

@@ -22,6 +22,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from kubernetes import client as k8s
@@ -103,10 +104,10 @@ class KubeClusterView:
         self._watches = {
             what: ListWatch(
                 f"view-{what}",
-                lambda what=what: self._list(what),  # type: ignore[misc]
+                partial(self._list, what),
                 kube_watch(fn, f"watch {what}", self._t),
-                on_list=lambda items, what=what: self._replace(what, items),  # type: ignore[misc]
-                on_event=lambda etype, obj, what=what: self._apply(what, etype, obj),  # type: ignore[misc]
+                on_list=partial(self._replace, what),
+                on_event=partial(self._apply, what),
                 stop=self._stop,
                 timeout_s=WATCH_TIMEOUT_S,
                 resync_s=WATCH_RESYNC_S,

@@ -18,8 +18,10 @@ the list (``on_list``: replace everything) and each event in order (``on_event``
   (``LoopSupervisor.beater``) shows a live watch; ``start(loops)`` runs ``run`` under
   ``LoopSupervisor.spawn`` with that heartbeat.
 
-The API is two callables (``list_fn``, ``watch_fn``), so tests pass fakes; ``kube_watch``
-and ``paged_list`` below build them from the generated client.
+The API is two callables (``list_fn``, ``watch_fn``), so tests pass fakes. The agent
+builds them on ``kube.rest`` (``rest_watch``, ``rest_paged_list``); the extender on the
+generated client (``kube_watch``, ``paged_list``, which import it when called, so that
+the agent's path never loads it).
 """
 
 from __future__ import annotations
@@ -34,11 +36,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import urllib3
-from kubernetes import client as k8s
-
 from gpu_share.errors import KubeAccessError
-from gpu_share.kube.client import KubeTimeouts, access_error, call_json
+from gpu_share.kube.rest import ApiError, KubeTimeouts, RestClient
 from gpu_share.observability.loops import LoopSupervisor, describe_error
 
 log = logging.getLogger(__name__)
@@ -51,6 +50,8 @@ __all__ = [
     "WatchStream",
     "kube_watch",
     "paged_list",
+    "rest_paged_list",
+    "rest_watch",
 ]
 
 # One event is one object; etcd caps objects at 1.5 MiB, so this only stops a runaway.
@@ -314,6 +315,8 @@ class KubeWatchStream:
         self._op = op
 
     def __iter__(self) -> Iterator[Mapping[str, Any]]:
+        import urllib3
+
         try:
             for line in _lines(self._resp):
                 event = json.loads(line)
@@ -357,6 +360,11 @@ def kube_watch(fn: Any, op: str, timeouts: KubeTimeouts, **selectors: Any) -> Wa
     """A ``WatchFn`` over a generated list method (``list_node``,
     ``list_pod_for_all_namespaces``) with ``selectors`` (``field_selector=...``)."""
 
+    import urllib3
+    from kubernetes import client as k8s
+
+    from gpu_share.kube.client import access_error
+
     def open_watch(rv: str, timeout_s: int) -> WatchStream:
         try:
             resp = fn(
@@ -386,6 +394,10 @@ def paged_list(
 ) -> tuple[list[dict[str, Any]], str]:
     """Every object a generated list method answers, page by page, and the list's
     resourceVersion. Raises KubeAccessError."""
+    from kubernetes import client as k8s
+
+    from gpu_share.kube.client import access_error, call_json
+
     items: list[dict[str, Any]] = []
     cont: str | None = None
     rv = ""
@@ -397,6 +409,50 @@ def paged_list(
             page = call_json(op, fn, timeouts=timeouts, **kwargs)
         except k8s.ApiException as e:
             raise access_error(op, e) from e
+        items.extend(page.get("items") or ())
+        meta = page.get("metadata") or {}
+        rv = str(meta.get("resourceVersion") or rv)
+        cont = meta.get("continue") or None
+        if not cont:
+            return items, rv
+    raise KubeAccessError(f"{op}: too many pages")
+
+
+# ---------------------------------------------------------------- kube.rest (the agent)
+
+
+def rest_watch(api: RestClient, op: str, path: str, **selectors: str) -> WatchFn:
+    """A ``WatchFn`` over a list path of ``api`` (``/api/v1/pods``) with ``selectors``
+    (``fieldSelector=...``)."""
+
+    def open_watch(rv: str, timeout_s: int) -> WatchStream:
+        query = {"watch": True, "resourceVersion": rv, "allowWatchBookmarks": True,
+                 "timeoutSeconds": timeout_s, **selectors}
+        try:
+            # The server ends the watch after timeout_s; the read timeout only catches
+            # a connection that went silent without closing.
+            return api.watch(op, path, query, timeout_s + api.t.read)
+        except ApiError as e:
+            if e.status == 410:
+                raise ResourceExpired(op) from e
+            raise
+
+    return open_watch
+
+
+def rest_paged_list(
+    api: RestClient, op: str, path: str, *, page_size: int = 500, **selectors: str
+) -> tuple[list[dict[str, Any]], str]:
+    """Every object of a list path, page by page, and the list's resourceVersion.
+    Raises KubeAccessError."""
+    items: list[dict[str, Any]] = []
+    cont: str | None = None
+    rv = ""
+    for _ in range(MAX_LIST_PAGES):
+        query: dict[str, Any] = {"limit": page_size, **selectors}
+        if cont:
+            query["continue"] = cont
+        page = api.get(op, path, query)
         items.extend(page.get("items") or ())
         meta = page.get("metadata") or {}
         rv = str(meta.get("resourceVersion") or rv)

@@ -1,6 +1,7 @@
 """Pods from the API server as ``sharing.model.PodView``.
 
-``KubePodSource`` answers each call with one API request. ``NodePodCache`` keeps the
+``KubePodSource`` answers each call with one API request (``kube.rest``: no generated
+client on the agent's path). ``NodePodCache`` keeps the
 pods of one node in memory through list+watch (a thread) so that the allocation path
 needs no request at all for a pod the watch delivered; ``fetch`` reads one on a miss.
 """
@@ -12,16 +13,23 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
-from typing import Any
-
-from kubernetes import client as k8s
+from typing import TYPE_CHECKING, Any
 
 from gpu_share.config.model import ResourcesConfig
-from gpu_share.kube.client import KubeTimeouts, access_error, call_json
-from gpu_share.kube.listwatch import ListWatch, WatchBackoff, WatchStream, kube_watch, paged_list
+from gpu_share.kube.listwatch import (
+    ListWatch,
+    WatchBackoff,
+    WatchStream,
+    rest_paged_list,
+    rest_watch,
+)
+from gpu_share.kube.rest import ApiError, KubeTimeouts, RestClient, quote_name
 from gpu_share.observability.loops import LoopSupervisor
 from gpu_share.sharing.model import PodView
 from gpu_share.sharing.pod_request import read_pod_request
+
+if TYPE_CHECKING:
+    from kubernetes import client as k8s
 
 log = logging.getLogger(__name__)
 ANNOTATION_PREFIX = "gpu-share."  # every annotation gpu-share writes or reads
@@ -72,7 +80,9 @@ def pod_view_from_dict(
 
 def pod_view_from_v1(pod: k8s.V1Pod, *, memory_resource: str, core_resource: str) -> PodView:
     """A generated ``V1Pod`` model -> PodView (via its JSON form)."""
-    api: Any = k8s.ApiClient()
+    from kubernetes import client as k8s_client
+
+    api: Any = k8s_client.ApiClient()
     obj = api.sanitize_for_serialization(pod)
     return pod_view_from_dict(obj, memory_resource=memory_resource, core_resource=core_resource)
 
@@ -85,29 +95,33 @@ class KubePodSource:
 
     def __init__(
         self,
-        api_client: k8s.ApiClient,
+        api: RestClient,
         *,
         memory_resource: str,
         core_resource: str,
         timeouts: KubeTimeouts | None = None,
         page_size: int = 500,
     ) -> None:
-        self._core = k8s.CoreV1Api(api_client)
+        # ``timeouts`` replace the client's own when given.
+        self._api = api if timeouts is None else replace(api, timeouts=timeouts)
         self._memory_resource = memory_resource
         self._core_resource = core_resource
-        self._timeouts = timeouts or KubeTimeouts()
         self._page_size = page_size
 
     @classmethod
     def from_config(
         cls,
-        api_client: k8s.ApiClient,
+        api: RestClient | object,
         resources: ResourcesConfig,
         *,
         timeouts: KubeTimeouts | None = None,
     ) -> KubePodSource:
+        if not isinstance(api, RestClient):  # a generated ApiClient (gpu-share admin)
+            from gpu_share.kube.client import rest_client_of
+
+            api = rest_client_of(api)
         return cls(
-            api_client,
+            api,
             memory_resource=resources.memory_resource,
             core_resource=resources.core_resource,
             timeouts=timeouts,
@@ -119,15 +133,15 @@ class KubePodSource:
         )
 
     def get_pod(self, namespace: str, name: str) -> PodView | None:
-        op = f"get pod {namespace}/{name}"
         try:
-            obj = call_json(
-                op, self._core.read_namespaced_pod, name, namespace, timeouts=self._timeouts
+            obj = self._api.get(
+                f"get pod {namespace}/{name}",
+                f"/api/v1/namespaces/{quote_name(namespace)}/pods/{quote_name(name)}",
             )
-        except k8s.ApiException as e:
+        except ApiError as e:
             if e.status == 404:
                 return None
-            raise access_error(op, e) from e
+            raise
         return self.view(obj)
 
     def list_node_pods(self, node_name: str) -> list[PodView]:
@@ -136,22 +150,22 @@ class KubePodSource:
 
     def list_node_pod_objects(self, node_name: str) -> tuple[list[dict[str, Any]], str]:
         """All pods bound to the node as JSON objects, and the list's resourceVersion."""
-        return paged_list(
+        return rest_paged_list(
+            self._api,
             f"list pods of node {node_name}",
-            self._core.list_pod_for_all_namespaces,
-            self._timeouts,
+            "/api/v1/pods",
             page_size=self._page_size,
-            field_selector=f"spec.nodeName={node_name}",
+            fieldSelector=f"spec.nodeName={node_name}",
         )
 
     def open_node_watch(self, node_name: str, resource_version: str, timeout_s: int) -> WatchStream:
         """A watch of the node's pods from ``resource_version``. Raises
         ``ResourceExpired`` (410) or KubeAccessError."""
-        return kube_watch(
-            self._core.list_pod_for_all_namespaces,
+        return rest_watch(
+            self._api,
             f"watch pods of node {node_name}",
-            self._timeouts,
-            field_selector=f"spec.nodeName={node_name}",
+            "/api/v1/pods",
+            fieldSelector=f"spec.nodeName={node_name}",
         )(resource_version, timeout_s)
 
 

@@ -11,14 +11,12 @@ import threading
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from kubernetes import client as k8s
-
 from gpu_share.errors import KubeAccessError
-from gpu_share.kube.client import KubeTimeouts, access_error, call_json
+from gpu_share.kube.rest import ApiError, KubeTimeouts, RestClient, quote_name
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +54,7 @@ class KubePublisher:
 
     def __init__(
         self,
-        api_client: k8s.ApiClient,
+        api: RestClient,
         *,
         host_node: str,
         component: str = COMPONENT,
@@ -67,10 +65,10 @@ class KubePublisher:
         wall_clock: Callable[[], float] = time.time,
         on_error: Callable[[str, BaseException], None] | None = None,
     ) -> None:
-        self._core = k8s.CoreV1Api(api_client)
+        # ``timeouts`` replace the client's own when given.
+        self._api = api if timeouts is None else replace(api, timeouts=timeouts)
         self._host = host_node
         self._component = component
-        self._timeouts = timeouts or KubeTimeouts()
         self._window = event_window_s
         self._max_tracked = max_tracked_events
         self._clock = clock
@@ -88,8 +86,8 @@ class KubePublisher:
         self._guarded(
             "annotate_node",
             f"annotate node {node_name}",
-            self._core.patch_node,
-            node_name,
+            self._api.patch,
+            f"/api/v1/nodes/{quote_name(node_name)}",
             _annotation_patch(annotations),
         )
 
@@ -101,22 +99,20 @@ class KubePublisher:
         self._guarded(
             "annotate_pod",
             f"annotate pod {namespace}/{name}",
-            self._core.patch_namespaced_pod,
-            name,
-            namespace,
+            self._api.patch,
+            f"/api/v1/namespaces/{quote_name(namespace)}/pods/{quote_name(name)}",
             _annotation_patch(annotations),
         )
 
     def node_annotations(self, node_name: str) -> dict[str, str] | None:
         """The node's current annotations (None if the node does not exist).
         A read for start-up, not the allocation path: raises KubeAccessError."""
-        op = f"get node {node_name}"
         try:
-            obj = call_json(op, self._core.read_node, node_name, timeouts=self._timeouts)
-        except k8s.ApiException as e:
+            obj = self._api.get(f"get node {node_name}", f"/api/v1/nodes/{quote_name(node_name)}")
+        except ApiError as e:
             if e.status == 404:
                 return None
-            raise access_error(op, e) from e
+            raise
         return dict((obj.get("metadata") or {}).get("annotations") or {})
 
     # -- events
@@ -165,9 +161,9 @@ class KubePublisher:
                 if self._guarded(
                     "event",
                     f"update event {sent.namespace}/{sent.name}",
-                    self._core.patch_namespaced_event,
-                    sent.name,
-                    sent.namespace,
+                    self._api.patch,
+                    f"/api/v1/namespaces/{quote_name(sent.namespace)}/events/"
+                    f"{quote_name(sent.name)}",
                     patch,
                     not_found_ok=True,
                 ):
@@ -197,8 +193,8 @@ class KubePublisher:
             if self._guarded(
                 "event",
                 f"create event for {ref['kind']} {ref['name']}",
-                self._core.create_namespaced_event,
-                namespace,
+                self._api.create,
+                f"/api/v1/namespaces/{quote_name(namespace)}/events",
                 body,
             ):
                 self._sent[key] = _Sent(ev_name, namespace, 1, now)
@@ -215,27 +211,28 @@ class KubePublisher:
 
     def _pod_uid(self, namespace: str, name: str) -> str:
         try:
-            obj = call_json(
+            obj = self._api.get(
                 f"get pod {namespace}/{name}",
-                self._core.read_namespaced_pod,
-                name,
-                namespace,
-                timeouts=self._timeouts,
+                f"/api/v1/namespaces/{quote_name(namespace)}/pods/{quote_name(name)}",
             )
-        except (KubeAccessError, k8s.ApiException):
+        except KubeAccessError:
             return ""
         return str((obj.get("metadata") or {}).get("uid") or "")
 
     # -- error policy
 
-    def _guarded(self, kind: str, op: str, fn: Any, *args: Any, not_found_ok: bool = False) -> bool:
-        """Run one write; True on success. Never raises (see module doc)."""
+    def _guarded(
+        self, kind: str, op: str, fn: Callable[[str, str, Any], Any], path: str, body: Any,
+        *, not_found_ok: bool = False,
+    ) -> bool:
+        """Run one write (``fn(op, path, body)``); True on success. Never raises (see
+        module doc)."""
         try:
-            call_json(op, fn, *args, timeouts=self._timeouts)
-        except k8s.ApiException as e:
+            fn(op, path, body)
+        except ApiError as e:
             if not_found_ok and e.status == 404:
                 return False
-            self._failed(kind, access_error(op, e))
+            self._failed(kind, e)
             return False
         except KubeAccessError as e:
             self._failed(kind, e)

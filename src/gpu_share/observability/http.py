@@ -40,9 +40,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
-from typing import Any
+from io import BufferedIOBase
+from typing import Any, cast
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from gpu_share.observability.prom import CONTENT_TYPE, Registry
 
 log = logging.getLogger(__name__)
 
@@ -224,8 +225,9 @@ class BoundedHandler(BaseHTTPRequestHandler):
         # drives handle_one_request itself, one request per turn.
         self.request = self.connection = conn.sock
         self.client_address = conn.addr
-        self.rfile = conn.reader  # type: ignore[assignment]
-        self.wfile = conn.writer  # type: ignore[assignment]
+        # Duck-typed files: the stdlib handler only calls readline/read and write/flush.
+        self.rfile = cast(BufferedIOBase, conn.reader)
+        self.wfile = cast(BufferedIOBase, conn.writer)
         self.limits = limits
         self.close_connection = True
 
@@ -525,9 +527,10 @@ class BoundedServer:
         blocking; queue the connection once a request is in."""
         had = len(conn.reader)
         try:
-            if conn.handshaking:
-                conn.sock.setblocking(False)
-                conn.sock.do_handshake()  # type: ignore[attr-defined]
+            sock = conn.sock
+            if conn.handshaking and isinstance(sock, ssl.SSLSocket):  # handshaking: TLS only
+                sock.setblocking(False)
+                sock.do_handshake()
                 conn.handshaking = False
             alive = conn.reader.pull()
         except ssl.SSLWantReadError:
@@ -748,7 +751,7 @@ def _run_probe(probe: Probe | None) -> tuple[bool, str]:
 
 
 def start_http(
-    registry: CollectorRegistry,
+    registry: Registry,
     *,
     bind_address: str = "0.0.0.0",
     port: int = 9400,
@@ -763,12 +766,12 @@ def start_http(
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
                 try:
-                    data = generate_latest(registry)
+                    data = registry.expose()
                 except Exception:  # a broken collector: a fixed answer, the log has why
                     log.exception("collecting metrics failed")
                     self.send_error(HTTPStatus.INTERNAL_SERVER_ERROR, "collecting metrics failed")
                     return
-                self.send_body(200, data, CONTENT_TYPE_LATEST)
+                self.send_body(200, data, CONTENT_TYPE)
             elif path in ("/healthz", "/livez"):
                 self._probe(liveness)
             elif path == "/readyz":

@@ -236,14 +236,15 @@ def interruptible(
     ``Interrupted`` as soon as ``stop`` is set. For calls that cannot be interrupted
     themselves (NVML init, a kubelet or API call in its timeout) on a path that must
     still answer SIGTERM at once."""
-    outcome: list[tuple[bool, object]] = []
+    results: list[T] = []
+    errors: list[BaseException] = []
     done = threading.Event()
 
     def target() -> None:
         try:
-            outcome.append((True, fn()))
+            results.append(fn())
         except BaseException as exc:  # handed to the caller's thread
-            outcome.append((False, exc))
+            errors.append(exc)
         finally:
             done.set()
 
@@ -251,8 +252,6 @@ def interruptible(
     while not done.wait(poll_s):
         if stop.is_set():
             raise Interrupted(name)
-    ok, value = outcome[0]
-    if not ok:
-        assert isinstance(value, BaseException)
-        raise value
-    return value  # type: ignore[return-value]
+    if errors:
+        raise errors[0]
+    return results[0]

@@ -1,8 +1,11 @@
-"""Prometheus metrics of the agent, in a dedicated registry (never the global one).
+"""Prometheus metrics of the agent, in a dedicated registry (``observability.prom``).
 
 One ``Metrics`` object per process; tests make their own. All names start with
-``gpu_share_``. Label values are small closed sets (resource names, reasons, device
-uuids), never pod names.
+``gpu_share_``. Label values are small closed sets (resource names from the config,
+device uuids from the backend, enum reasons, our own operation and loop names), never
+pod names. Labels fed from error reasons or operation names are capped anyway
+(``REASON_CAP`` values, then ``prom.OVERFLOW``): a future caller passing text from a
+request or the API server must not grow the series without bound.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from gpu_share.observability.prom import Counter, Gauge, Histogram, Registry
 
 PREFIX = "gpu_share"
 
@@ -33,29 +36,36 @@ LATENCY_BUCKETS: tuple[float, ...] = (
 
 UNIT_STATES: tuple[str, ...] = ("used", "free")
 
+# Distinct values kept per free-text label (reason, source, op, loop); each is an enum of
+# under 20 values today.
+REASON_CAP = 64
+
 
 class Metrics:
     """Every metric the agent exports, bound to ``self.registry``."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry if registry is not None else CollectorRegistry()
+    def __init__(self, registry: Registry | None = None) -> None:
+        self.registry = registry if registry is not None else Registry()
         r = self.registry
         self.allocations_total = Counter(
             f"{PREFIX}_allocations_total",
             "Allocate answers given, by resource and by what decided the device.",
             ["resource", "source"],
+            capped={"source": REASON_CAP},
             registry=r,
         )
         self.allocation_failures_total = Counter(
             f"{PREFIX}_allocation_failures_total",
             "Allocate or GetPreferredAllocation calls refused, by error reason.",
             ["resource", "reason"],
+            capped={"reason": REASON_CAP},
             registry=r,
         )
         self.degraded_decisions_total = Counter(
             f"{PREFIX}_degraded_decisions_total",
             "Placements made without full pod knowledge, by why.",
             ["reason"],
+            capped={"reason": REASON_CAP},
             registry=r,
         )
         self.identity_ambiguous_total = Counter(
@@ -114,24 +124,28 @@ class Metrics:
             f"{PREFIX}_ledger_quarantined_total",
             "Unreadable ledger files moved aside at start, by why.",
             ["reason"],
+            capped={"reason": REASON_CAP},
             registry=r,
         )
         self.ledger_anomalies_total = Counter(
             f"{PREFIX}_ledger_anomalies_total",
             "Loaded ledger entries that cannot be true on this node (kept), by why.",
             ["reason"],
+            capped={"reason": REASON_CAP},
             registry=r,
         )
         self.kube_errors_total = Counter(
             f"{PREFIX}_kube_errors_total",
             "Failed calls to the API server or PodResources, by operation.",
             ["op"],
+            capped={"op": REASON_CAP},
             registry=r,
         )
         self.loop_errors_total = Counter(
             f"{PREFIX}_loop_errors_total",
             "Failed passes of a supervised background loop (it went on after a pause).",
             ["loop"],
+            capped={"loop": REASON_CAP},
             registry=r,
         )
         self.memory_unit_mib = Gauge(
@@ -160,4 +174,4 @@ class Metrics:
 
     def render(self) -> bytes:
         """Text exposition format of this registry."""
-        return generate_latest(self.registry)
+        return self.registry.expose()

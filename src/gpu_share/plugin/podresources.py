@@ -47,7 +47,7 @@ class PodResourcesClient:
                     unix_target(self.socket_path),
                     options=[("grpc.max_receive_message_length", MAX_RECEIVE_BYTES)],
                 )
-                self._stub = pr_grpc.PodResourcesListerStub(self._channel)  # type: ignore[no-untyped-call]
+                self._stub = pr_grpc.PodResourcesListerStub(self._channel)
             return self._stub
 
     def _reset(self) -> None:

@@ -33,7 +33,8 @@ def generated_names() -> list[str]:
 
 def generate(out_root: Path, proto_root: Path = PROTO_ROOT) -> list[Path]:
     """Run protoc into ``out_root`` (a ``src``-like root); return the written files."""
-    from grpc_tools import protoc  # test/dev dependency only
+    # test/dev dependency only; grpcio-tools ships neither stubs nor py.typed
+    from grpc_tools import protoc  # type: ignore[import-untyped]
 
     out_root.mkdir(parents=True, exist_ok=True)
     args = [

@@ -67,7 +67,7 @@ def register_request(handler: ResourceHandler, endpoint: str | None = None) -> d
 def probe_plugin(socket_path: str | os.PathLike[str], timeout_s: float) -> dp.DevicePluginOptions:
     """Ask our own server for its options over its socket; raises ``grpc.RpcError``."""
     with grpc.insecure_channel(unix_target(socket_path)) as channel:
-        stub = dp_grpc.DevicePluginStub(channel)  # type: ignore[no-untyped-call]
+        stub = dp_grpc.DevicePluginStub(channel)
         options: dp.DevicePluginOptions = stub.GetDevicePluginOptions(
             dp.Empty(), timeout=timeout_s, wait_for_ready=True
         )
@@ -79,7 +79,7 @@ def register_once(
 ) -> None:
     """One Register call; raises ``grpc.RpcError``."""
     with grpc.insecure_channel(unix_target(kubelet_socket)) as channel:
-        stub = dp_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
+        stub = dp_grpc.RegistrationStub(channel)
         stub.Register(request, timeout=timeout_s)
 
 

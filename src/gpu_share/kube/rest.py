@@ -1,0 +1,571 @@
+"""A small JSON client of the Kubernetes API on the standard library (the agent's path).
+
+The generated ``kubernetes`` client costs ~35 MiB and ~0.4 s to import (its models and
+API classes; ``kubernetes.config`` alone pulls them in), which is most of the agent's
+footprint. The node agent makes six kinds of call (get/list/watch pods of its node,
+patch a node or pod, create/patch Events), so it uses this client: ``http.client`` +
+``ssl`` + ``json``. The scheduler extender keeps the generated one (kube/client.py).
+
+- Configuration (``load_rest_config``), in the order of ``client.make_api_client``: an
+  explicit kubeconfig; the in-cluster service account (``KUBERNETES_SERVICE_HOST`` /
+  ``_PORT``, the token and CA under /var/run/secrets/kubernetes.io/serviceaccount); the
+  first existing file of ``KUBECONFIG``; ``~/.kube/config``. From a kubeconfig: the
+  current (or given) context's server, CA (file or data, or insecure-skip-tls-verify),
+  client certificate and key (file or data), bearer token or token file. Exec and
+  auth-provider plugins are not supported (refused with a clear error).
+- A token file is re-read when it changes (bound service-account tokens rotate).
+- Every request has a connect and a read timeout; answers are bounded in size
+  (``max_body_bytes``), watch events too (``listwatch.MAX_EVENT_BYTES``).
+- HTTP errors raise ``ApiError`` (a ``KubeAccessError`` with the status), transport
+  and decoding failures ``KubeAccessError``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import select
+import socket
+import ssl
+import tempfile
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlencode, urlsplit
+
+from gpu_share.errors import KubeAccessError
+
+__all__ = [
+    "ApiError",
+    "KubeTimeouts",
+    "RestClient",
+    "RestConfig",
+    "RestWatch",
+    "load_rest_config",
+    "make_rest_client",
+    "quote_name",
+]
+
+SERVICE_HOST_ENV = "KUBERNETES_SERVICE_HOST"
+SERVICE_PORT_ENV = "KUBERNETES_SERVICE_PORT"
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+SERVICE_TOKEN_FILE = f"{SERVICE_ACCOUNT_DIR}/token"
+SERVICE_CA_FILE = f"{SERVICE_ACCOUNT_DIR}/ca.crt"
+
+JSON = "application/json"
+MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+# A node's pod list page (500 pods) is a few MiB at most; this only stops a runaway.
+MAX_BODY_BYTES = 64 * 2**20
+MAX_ERROR_BODY_BYTES = 64 * 2**10
+MAX_IDLE_CONNECTIONS = 4
+WATCH_CHUNK_BYTES = 64 * 2**10
+# A reused keep-alive connection the server closed fails on first use: retried once.
+_STALE_ERRORS = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)
+
+
+@dataclass(frozen=True)
+class KubeTimeouts:
+    """Seconds; ``read`` bounds the wait for each response (not for a whole watch)."""
+
+    connect: float = 5.0
+    read: float = 15.0
+
+    def pair(self) -> tuple[float, float]:
+        return (self.connect, self.read)
+
+
+class ApiError(KubeAccessError):
+    """The API server answered with an HTTP error ``status`` (``message`` from its
+    Status object). ``reason`` KubeForbidden for 401/403, else KubeUnreachable."""
+
+    def __init__(self, op: str, status: int, detail: str) -> None:
+        reason = "KubeForbidden" if status in (401, 403) else "KubeUnreachable"
+        super().__init__(f"{op}: API server answered {status}: {detail}", reason=reason)
+        self.status = status
+        self.detail = detail
+
+
+def quote_name(name: str) -> str:
+    """One path segment (a namespace or object name)."""
+    return quote(name, safe="")
+
+
+# ---------------------------------------------------------------- configuration
+
+
+@dataclass(frozen=True)
+class RestConfig:
+    """Where the API server is and how to authenticate; see the module docstring."""
+
+    server: str  # scheme://host[:port][/prefix]
+    ca_file: str | None = None
+    ca_data: bytes | None = None  # PEM
+    insecure: bool = False  # insecure-skip-tls-verify
+    tls_server_name: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    cert_data: bytes | None = None  # PEM
+    key_data: bytes | None = None  # PEM
+    token: str | None = None
+    token_file: str | None = None
+
+
+def _config_error(msg: str) -> KubeAccessError:
+    return KubeAccessError(f"cannot load API server configuration: {msg}",
+                           reason="KubeConfigInvalid")
+
+
+def in_cluster_config(
+    environ: Mapping[str, str], token_file: str = SERVICE_TOKEN_FILE,
+    ca_file: str = SERVICE_CA_FILE,
+) -> RestConfig:
+    """The pod's service account: server from the service env, token and CA files."""
+    host, port = environ.get(SERVICE_HOST_ENV, ""), environ.get(SERVICE_PORT_ENV, "")
+    if not host or not port:
+        raise _config_error(f"{SERVICE_HOST_ENV}/{SERVICE_PORT_ENV} not set")
+    if ":" in host:  # IPv6
+        host = f"[{host}]"
+    for what, path in (("token", token_file), ("CA", ca_file)):
+        if not Path(path).is_file():
+            raise _config_error(f"service account {what} file {path} does not exist")
+    if not Path(token_file).read_text().strip():
+        raise _config_error(f"service account token file {token_file} is empty")
+    return RestConfig(server=f"https://{host}:{port}", ca_file=ca_file, token_file=token_file)
+
+
+def _named(items: Any, name: str, what: str) -> dict[str, Any]:
+    for item in items or ():
+        if isinstance(item, dict) and item.get("name") == name:
+            body = item.get(what)
+            return body if isinstance(body, dict) else {}
+    raise _config_error(f"kubeconfig has no {what} named {name!r}")
+
+
+def _b64(text: Any, key: str) -> bytes:
+    import base64
+    import binascii
+
+    try:
+        return base64.b64decode(str(text), validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise _config_error(f"kubeconfig {key} is not base64: {e}") from e
+
+
+def kubeconfig_config(path: str, context: str | None = None) -> RestConfig:
+    """The server and credentials of ``context`` (default: current-context) of a
+    kubeconfig file; relative file paths are relative to the file's directory."""
+    import yaml  # the config loader imported it already
+
+    try:
+        doc = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise _config_error(f"{path}: {e}") from e
+    if not isinstance(doc, dict):
+        raise _config_error(f"{path} is not a kubeconfig (not a mapping)")
+    ctx_name = context or doc.get("current-context")
+    if not ctx_name:
+        raise _config_error(f"{path} has no current-context")
+    ctx = _named(doc.get("contexts"), str(ctx_name), "context")
+    cluster = _named(doc.get("clusters"), str(ctx.get("cluster", "")), "cluster")
+    user = _named(doc.get("users"), str(ctx.get("user", "")), "user") if ctx.get("user") else {}
+    server = str(cluster.get("server") or "")
+    if not server.startswith(("https://", "http://")):
+        raise _config_error(f"{path}: cluster server {server!r} is not an http(s) URL")
+    for plugin in ("exec", "auth-provider"):
+        if user.get(plugin):
+            raise _config_error(f"{path}: user {plugin} plugins are not supported by the"
+                                " agent's API client; use a token or a client certificate")
+    base = Path(path).resolve().parent
+
+    def file_of(key: str) -> str | None:
+        value = cluster.get(key) if key == "certificate-authority" else user.get(key)
+        return str(base / str(value)) if value else None
+
+    def data_of(source: dict[str, Any], key: str) -> bytes | None:
+        value = source.get(key)
+        return _b64(value, key) if value else None
+
+    return RestConfig(
+        server=server.rstrip("/"),
+        ca_file=file_of("certificate-authority"),
+        ca_data=data_of(cluster, "certificate-authority-data"),
+        insecure=bool(cluster.get("insecure-skip-tls-verify")),
+        tls_server_name=cluster.get("tls-server-name") or None,
+        cert_file=file_of("client-certificate"),
+        key_file=file_of("client-key"),
+        cert_data=data_of(user, "client-certificate-data"),
+        key_data=data_of(user, "client-key-data"),
+        token=str(user["token"]) if user.get("token") else None,
+        token_file=file_of("tokenFile"),
+    )
+
+
+def load_rest_config(
+    kubeconfig: str | None = None,
+    *,
+    context: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    token_file: str = SERVICE_TOKEN_FILE,
+    ca_file: str = SERVICE_CA_FILE,
+) -> RestConfig:
+    """The configuration from, in this order: ``kubeconfig`` if given; the in-cluster
+    service account when ``KUBERNETES_SERVICE_HOST``/``PORT`` are set; the ``KUBECONFIG``
+    env (its first existing file); ``~/.kube/config``. Raises KubeAccessError
+    (reason KubeConfigMissing when there is none, KubeConfigInvalid when it is broken).
+    """
+    env = os.environ if environ is None else environ
+    if kubeconfig:
+        return kubeconfig_config(kubeconfig, context)
+    if env.get(SERVICE_HOST_ENV) and env.get(SERVICE_PORT_ENV):
+        return in_cluster_config(env, token_file, ca_file)
+    if env.get("KUBECONFIG"):
+        paths = [p for p in env["KUBECONFIG"].split(os.pathsep) if p]
+        existing = [p for p in paths if Path(p).is_file()]
+        if not existing:
+            raise KubeAccessError(f"KUBECONFIG={env['KUBECONFIG']!r} names no existing file",
+                                  reason="KubeConfigMissing")
+        return kubeconfig_config(existing[0], context)
+    default = Path(env.get("HOME", str(Path.home()))) / ".kube" / "config"
+    if not default.is_file():
+        raise KubeAccessError(
+            "no API server configuration: not in a cluster "
+            f"({SERVICE_HOST_ENV} unset), no KUBECONFIG, no {default}",
+            reason="KubeConfigMissing",
+        )
+    return kubeconfig_config(str(default), context)
+
+
+def make_rest_client(
+    kubeconfig: str | None = None,
+    *,
+    context: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    token_file: str = SERVICE_TOKEN_FILE,
+    ca_file: str = SERVICE_CA_FILE,
+    timeouts: KubeTimeouts | None = None,
+) -> RestClient:
+    """A ``RestClient`` configured as ``load_rest_config`` says. Raises KubeAccessError."""
+    cfg = load_rest_config(kubeconfig, context=context, environ=environ,
+                           token_file=token_file, ca_file=ca_file)
+    return RestClient(cfg, timeouts=timeouts)
+
+
+def _ssl_context(cfg: RestConfig) -> ssl.SSLContext:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    if cfg.insecure:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    elif cfg.ca_file or cfg.ca_data:
+        ctx.load_verify_locations(cafile=cfg.ca_file,
+                                  cadata=cfg.ca_data.decode() if cfg.ca_data else None)
+    else:
+        ctx.load_default_certs()
+    if cfg.cert_data or cfg.key_data:
+        # ssl loads a key pair from files only: a private temp dir, removed at once.
+        with tempfile.TemporaryDirectory(prefix="gpu-share-tls-") as d:
+            cert, key = Path(d) / "c.pem", Path(d) / "k.pem"
+            for p, data, given in ((cert, cfg.cert_data, cfg.cert_file),
+                                   (key, cfg.key_data, cfg.key_file)):
+                p.touch(mode=0o600)
+                p.write_bytes(data if data is not None else Path(str(given)).read_bytes())
+            ctx.load_cert_chain(str(cert), str(key))
+    elif cfg.cert_file:
+        ctx.load_cert_chain(cfg.cert_file, cfg.key_file)
+    return ctx
+
+
+class _Token:
+    """The bearer token; a token file is re-read when its stat changes (rotation)."""
+
+    def __init__(self, cfg: RestConfig) -> None:
+        self._fixed = cfg.token
+        self._file = cfg.token_file
+        self._lock = threading.Lock()
+        self._stamp: tuple[int, int, int] | None = None
+        self._value: str | None = None
+
+    def header(self) -> str | None:
+        if self._file is None:
+            return f"Bearer {self._fixed}" if self._fixed else None
+        try:
+            st = os.stat(self._file)
+        except OSError:
+            st = None  # mid-rotation or gone: keep the last token
+        with self._lock:
+            stamp = (st.st_mtime_ns, st.st_size, st.st_ino) if st is not None else None
+            if stamp is not None and stamp != self._stamp:
+                with contextlib.suppress(OSError):
+                    self._value = Path(self._file).read_text().strip() or self._value
+                    self._stamp = stamp
+            return f"Bearer {self._value}" if self._value else None
+
+
+# ---------------------------------------------------------------- the client
+
+
+@dataclass
+class _Answer:
+    status: int
+    body: bytes
+
+
+@dataclass
+class RestClient:
+    """JSON requests to one API server. Thread-safe; keeps a few idle connections."""
+
+    config: RestConfig
+    timeouts: KubeTimeouts | None = None
+    user_agent: str = "gpu-share-plugin"
+    max_body_bytes: int = MAX_BODY_BYTES
+    _idle: list[http.client.HTTPConnection] = field(default_factory=list, init=False,
+                                                    repr=False)
+
+    def __post_init__(self) -> None:
+        if self.timeouts is None:
+            self.timeouts = KubeTimeouts()
+        url = urlsplit(self.config.server)
+        self._https = url.scheme == "https"
+        self._host = url.hostname or ""
+        self._port = url.port or (443 if self._https else 80)
+        self._prefix = url.path.rstrip("/")
+        self._ssl = _ssl_context(self.config) if self._https else None
+        self._token = _Token(self.config)
+        self._lock = threading.Lock()
+
+    @property
+    def host(self) -> str:
+        return self.config.server
+
+    @property
+    def t(self) -> KubeTimeouts:
+        assert self.timeouts is not None
+        return self.timeouts
+
+    # -- verbs (op names the call in errors: "get pod ns/name")
+
+    def get(self, op: str, path: str, query: Mapping[str, Any] | None = None) -> Any:
+        return self.request(op, "GET", path, query=query)
+
+    def patch(self, op: str, path: str, body: Any,
+              content_type: str = STRATEGIC_MERGE_PATCH) -> Any:
+        return self.request(op, "PATCH", path, body=body, content_type=content_type)
+
+    def create(self, op: str, path: str, body: Any) -> Any:
+        return self.request(op, "POST", path, body=body)
+
+    def request(
+        self, op: str, method: str, path: str, *, query: Mapping[str, Any] | None = None,
+        body: Any = None, content_type: str = JSON,
+    ) -> Any:
+        """One call; its JSON answer (``{}`` when empty). Raises ApiError for an HTTP
+        error, KubeAccessError for transport errors and bad or oversized answers."""
+        data = json.dumps(body).encode() if body is not None else None
+        answer = self._send(op, method, self._url(path, query), data, content_type)
+        if answer.status >= 400:
+            raise ApiError(op, answer.status, _status_message(answer.body))
+        try:
+            return json.loads(answer.body) if answer.body else {}
+        except ValueError as e:
+            raise KubeAccessError(f"{op}: undecodable answer from API server: {e}") from e
+
+    def watch(self, op: str, path: str, query: Mapping[str, Any], timeout_s: float) -> RestWatch:
+        """Open a streaming watch; ``timeout_s`` bounds the silence between two reads
+        (the server ends the watch after its own ``timeoutSeconds``). Raises ApiError
+        (e.g. 410) or KubeAccessError."""
+        conn = self._connect(op, reuse=False)
+        try:
+            conn.request("GET", self._url(path, query), headers=self._headers(None, JSON))
+            assert conn.sock is not None
+            conn.sock.settimeout(timeout_s)
+            resp = conn.getresponse()
+        except (OSError, http.client.HTTPException) as e:
+            conn.close()
+            raise KubeAccessError(f"{op}: API server unreachable: {_describe(e)}") from e
+        if resp.status >= 400:
+            try:
+                raw = resp.read(MAX_ERROR_BODY_BYTES)
+            except (OSError, http.client.HTTPException):
+                raw = b""
+            conn.close()
+            raise ApiError(op, resp.status, _status_message(raw))
+        return RestWatch(conn, resp, op)
+
+    # -- plumbing
+
+    def _url(self, path: str, query: Mapping[str, Any] | None) -> str:
+        url = self._prefix + path
+        if query:
+            pairs = {k: _query_value(v) for k, v in query.items() if v is not None}
+            url += "?" + urlencode(pairs)
+        return url
+
+    def _headers(self, data: bytes | None, content_type: str) -> dict[str, str]:
+        headers = {"Accept": JSON, "User-Agent": self.user_agent}
+        if data is not None:
+            headers["Content-Type"] = content_type
+        auth = self._token.header()
+        if auth:
+            headers["Authorization"] = auth
+        return headers
+
+    def _connect(self, op: str, *, reuse: bool) -> http.client.HTTPConnection:
+        if reuse:
+            with self._lock:
+                while self._idle:
+                    idle = self._idle.pop()
+                    if not _dropped(idle):
+                        return idle
+                    idle.close()
+        t = self.t
+        conn: http.client.HTTPConnection
+        if self._https:
+            conn = http.client.HTTPSConnection(self._host, self._port, timeout=t.connect,
+                                               context=self._ssl)
+        else:
+            conn = http.client.HTTPConnection(self._host, self._port, timeout=t.connect)
+        try:
+            if self._https and self.config.tls_server_name:
+                sock = socket.create_connection((self._host, self._port), t.connect)
+                assert self._ssl is not None
+                conn.sock = self._ssl.wrap_socket(sock,
+                                                  server_hostname=self.config.tls_server_name)
+            else:
+                conn.connect()
+        except (OSError, http.client.HTTPException) as e:
+            conn.close()
+            raise KubeAccessError(f"{op}: API server unreachable: {_describe(e)}") from e
+        assert conn.sock is not None
+        conn.sock.settimeout(t.read)
+        return conn
+
+    def _send(self, op: str, method: str, url: str, data: bytes | None,
+              content_type: str) -> _Answer:
+        for attempt in (0, 1):
+            conn = self._connect(op, reuse=attempt == 0)
+            reused = attempt == 0 and getattr(conn, "_gs_used", False)
+            try:
+                conn.request(method, url, body=data, headers=self._headers(data, content_type))
+                resp = conn.getresponse()
+                answer = self._read(op, resp)
+            except _STALE_ERRORS as e:
+                conn.close()
+                if reused:
+                    continue
+                raise KubeAccessError(f"{op}: API server unreachable: {_describe(e)}") from e
+            except KubeAccessError:
+                conn.close()
+                raise
+            except (OSError, http.client.HTTPException) as e:
+                conn.close()
+                raise KubeAccessError(f"{op}: API server unreachable: {_describe(e)}") from e
+            self._release(conn, resp)
+            return answer
+        raise AssertionError("not reached")
+
+    def _read(self, op: str, resp: http.client.HTTPResponse) -> _Answer:
+        limit = self.max_body_bytes if resp.status < 400 else MAX_ERROR_BODY_BYTES
+        length = resp.getheader("Content-Length")
+        if resp.status < 400 and length and length.isdigit() and int(length) > limit:
+            raise KubeAccessError(f"{op}: answer of {length} bytes is over the {limit}"
+                                  " byte bound")
+        body = resp.read(limit + 1)
+        if len(body) > limit:
+            if resp.status >= 400:
+                return _Answer(resp.status, body[:limit])
+            raise KubeAccessError(f"{op}: answer is over the {limit} byte bound")
+        return _Answer(resp.status, body)
+
+    def _release(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse) -> None:
+        if resp.will_close or not resp.isclosed():
+            conn.close()
+            return
+        conn._gs_used = True  # type: ignore[attr-defined]
+        with self._lock:
+            if len(self._idle) < MAX_IDLE_CONNECTIONS:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+
+def _dropped(conn: http.client.HTTPConnection) -> bool:
+    """An idle keep-alive connection the server closed (readable: EOF or junk)."""
+    sock = conn.sock
+    if sock is None:
+        return True
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
+
+
+def _query_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
+def _status_message(body: bytes) -> str:
+    """The ``message`` of a Status answer, else the start of the body."""
+    with contextlib.suppress(ValueError, AttributeError, TypeError):
+        msg = json.loads(body).get("message")
+        if msg:
+            return str(msg)[:500]
+    return body[:200].decode("utf-8", "replace")
+
+
+def _describe(e: BaseException) -> str:
+    return str(e) or type(e).__name__
+
+
+class RestWatch:
+    """A streaming watch answer as decoded events (``listwatch.WatchStream``)."""
+
+    def __init__(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse,
+                 op: str) -> None:
+        self._conn = conn
+        self._resp = resp
+        self._op = op
+
+    def stream(self, amt: Any = None, decode_content: Any = None) -> Iterator[bytes]:
+        """Raw chunks as they arrive (for ``listwatch._lines``)."""
+        while True:
+            chunk = self._resp.read1(WATCH_CHUNK_BYTES)
+            if not chunk:
+                return
+            yield chunk
+
+    def __iter__(self) -> Iterator[Mapping[str, Any]]:
+        from gpu_share.kube.listwatch import WatchEventError, _lines
+
+        try:
+            for line in _lines(self):
+                event = json.loads(line)
+                if not isinstance(event, dict):
+                    raise WatchEventError(f"{self._op}: a watch line is not an object")
+                yield event
+        except (OSError, http.client.HTTPException) as e:
+            raise KubeAccessError(f"{self._op}: {_describe(e)}") from e
+
+    def interrupt(self) -> None:
+        """Unblock a read in another thread (the socket is shut down, not closed)."""
+        sock = self._conn.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        # Never back to the idle pool: a watch connection ends with the watch.
+        self.interrupt()
+        self._conn.close()
