@@ -389,6 +389,25 @@ def kube_watch(fn: Any, op: str, timeouts: KubeTimeouts, **selectors: Any) -> Wa
     return open_watch
 
 
+def _all_pages(
+    op: str, fetch: Callable[[str | None], Mapping[str, Any]]
+) -> tuple[list[dict[str, Any]], str]:
+    """Every item of a paged list (``fetch(continue_token)`` answers one page) and the
+    list's resourceVersion; at most MAX_LIST_PAGES pages. Raises KubeAccessError."""
+    items: list[dict[str, Any]] = []
+    cont: str | None = None
+    rv = ""
+    for _ in range(MAX_LIST_PAGES):
+        page = fetch(cont)
+        items.extend(page.get("items") or ())
+        meta = page.get("metadata") or {}
+        rv = str(meta.get("resourceVersion") or rv)
+        cont = meta.get("continue") or None
+        if not cont:
+            return items, rv
+    raise KubeAccessError(f"{op}: too many pages")
+
+
 def paged_list(
     op: str, fn: Any, timeouts: KubeTimeouts, *, page_size: int = 500, **selectors: Any
 ) -> tuple[list[dict[str, Any]], str]:
@@ -398,24 +417,17 @@ def paged_list(
 
     from gpu_share.kube.client import access_error, call_json
 
-    items: list[dict[str, Any]] = []
-    cont: str | None = None
-    rv = ""
-    for _ in range(MAX_LIST_PAGES):
+    def page(cont: str | None) -> Mapping[str, Any]:
         kwargs: dict[str, Any] = {"limit": page_size, **selectors}
         if cont:
             kwargs["_continue"] = cont
         try:
-            page = call_json(op, fn, timeouts=timeouts, **kwargs)
+            answer: Mapping[str, Any] = call_json(op, fn, timeouts=timeouts, **kwargs)
         except k8s.ApiException as e:
             raise access_error(op, e) from e
-        items.extend(page.get("items") or ())
-        meta = page.get("metadata") or {}
-        rv = str(meta.get("resourceVersion") or rv)
-        cont = meta.get("continue") or None
-        if not cont:
-            return items, rv
-    raise KubeAccessError(f"{op}: too many pages")
+        return answer
+
+    return _all_pages(op, page)
 
 
 # ---------------------------------------------------------------- kube.rest (the agent)
@@ -445,18 +457,12 @@ def rest_paged_list(
 ) -> tuple[list[dict[str, Any]], str]:
     """Every object of a list path, page by page, and the list's resourceVersion.
     Raises KubeAccessError."""
-    items: list[dict[str, Any]] = []
-    cont: str | None = None
-    rv = ""
-    for _ in range(MAX_LIST_PAGES):
+
+    def page(cont: str | None) -> Mapping[str, Any]:
         query: dict[str, Any] = {"limit": page_size, **selectors}
         if cont:
             query["continue"] = cont
-        page = api.get(op, path, query)
-        items.extend(page.get("items") or ())
-        meta = page.get("metadata") or {}
-        rv = str(meta.get("resourceVersion") or rv)
-        cont = meta.get("continue") or None
-        if not cont:
-            return items, rv
-    raise KubeAccessError(f"{op}: too many pages")
+        answer: Mapping[str, Any] = api.get(op, path, query)
+        return answer
+
+    return _all_pages(op, page)
