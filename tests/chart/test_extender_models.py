@@ -11,8 +11,7 @@ import pytest
 from gpu_share.cli.extender_main import parse_args
 from gpu_share.sharing.model_req import DEFAULT_MODEL_LABEL
 from gpu_share.sharing.placement.policy import ClusterPolicyName
-
-from .conftest import CHART, helm_path, one, render, render_error
+from tests.chart.conftest import CHART, helm_path, one, render, render_error
 
 FN = "gs-gpu-share"
 SCHED = ["scheduler.enabled=true"]

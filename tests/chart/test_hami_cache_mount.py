@@ -3,7 +3,7 @@ can create each container's dir (keyed by pod UID) and remove it when the pod go
 
 from __future__ import annotations
 
-from .conftest import by_kind, helm_path, render
+from tests.chart.conftest import by_kind, helm_path, render
 
 
 def test_agent_mounts_the_hami_cache_root_only_in_hami_core_mode() -> None:

@@ -12,8 +12,7 @@ import pytest
 import yaml
 
 from gpu_share.config.model import AgentConfig
-
-from .conftest import (
+from tests.chart.conftest import (
     CHART,
     EXAMPLES,
     KUBE_MINORS,

@@ -24,8 +24,7 @@ from gpu_share.sharing.ledger import EntrySource, LedgerEntry
 from gpu_share.sharing.model import ContainerRef, ContainerRequest, DeviceShare
 from gpu_share.sharing.model_req import models_key
 from gpu_share.sharing.response import build_allocate_spec
-
-from .conftest import (
+from tests.chart.conftest import (
     NAMESPACE,
     REPO,
     by_kind,
@@ -668,7 +667,7 @@ def test_bad_security_values_fail_naming_the_key(sets: list[str], expected: list
 def test_security_objects_match_kubernetes_schema(minor: str) -> None:
     """What no values example turns on: both NetworkPolicies with peers, existing and
     generated TLS Secrets, every policy option."""
-    from .conftest import k8s_validator
+    from tests.chart.conftest import k8s_validator
 
     variants = [
         [

@@ -13,8 +13,16 @@ from pydantic import BaseModel
 from gpu_share.config import model
 from gpu_share.config.model import AgentConfig
 from gpu_share.kube.rbac import merged_rules
-
-from .conftest import CHART, EXAMPLES, REPO, by_kind, helm_path, one, render, render_error
+from tests.chart.conftest import (
+    CHART,
+    EXAMPLES,
+    REPO,
+    by_kind,
+    helm_path,
+    one,
+    render,
+    render_error,
+)
 
 NODE_POOLS = REPO / "values-examples" / "node-pools.yaml"
 LOCAL = REPO / "values-examples" / "local-cluster.yaml"

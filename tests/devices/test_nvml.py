@@ -11,8 +11,7 @@ from gpu_share.config.model import AgentConfig, HealthConfig
 from gpu_share.devices.factory import NoDevicesBackend, start_backend
 from gpu_share.devices.nvml import NvmlBackend, classify_xid, normalize_bus_id
 from gpu_share.errors import DeviceBackendError
-
-from .conftest import FakeClock
+from tests.devices.conftest import FakeClock
 
 UUID0 = "GPU-11111111-2222-3333-4444-555555555555"
 UUID1 = "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"

@@ -34,8 +34,7 @@ from gpu_share.sharing.model import (
 )
 from gpu_share.sharing.notes import Note, NoteKind, degraded_label
 from gpu_share.sharing.pick import pick_ids
-
-from .helpers import UNIT_MIB, ctr, devices, engine, pod
+from tests.sharing.helpers import UNIT_MIB, ctr, devices, engine, pod
 
 MEM, CORE = ResourceKind.MEMORY, ResourceKind.CORE
 

@@ -19,9 +19,8 @@ from gpu_share.sharing.model import (
 )
 from gpu_share.sharing.notes import NoteKind
 from gpu_share.sharing.response import build_allocate_spec
-
-from .helpers import NAMES, ctr, devices, engine, pod
-from .kubesim import KubeletSim
+from tests.sharing.helpers import NAMES, ctr, devices, engine, pod
+from tests.sharing.kubesim import KubeletSim
 
 MEM, CORE = ResourceKind.MEMORY, ResourceKind.CORE
 

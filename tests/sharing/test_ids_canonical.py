@@ -21,8 +21,7 @@ from gpu_share.sharing.ids import (
 )
 from gpu_share.sharing.ledger import MALFORMED, Ledger
 from gpu_share.sharing.model import ResourceKind
-
-from .helpers import engine
+from tests.sharing.helpers import engine
 
 MEM, CORE = ResourceKind.MEMORY, ResourceKind.CORE
 # An error message quotes at most this much of the id it refuses.

@@ -27,8 +27,7 @@ from gpu_share.sharing.model import (
     DeviceShare,
     ResourceKind,
 )
-
-from .helpers import UNIT_MIB, devices
+from tests.sharing.helpers import UNIT_MIB, devices
 
 MEM = ResourceKind.MEMORY
 

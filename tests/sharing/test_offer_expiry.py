@@ -7,8 +7,7 @@ from gpu_share.sharing.engine import DEFAULT_OFFER_TTL_S, AllocationEngine, Call
 from gpu_share.sharing.ledger import EntryState
 from gpu_share.sharing.model import PodResourcesView, ResourceKind
 from gpu_share.sharing.notes import NoteKind
-
-from .helpers import engine
+from tests.sharing.helpers import engine
 
 MEM, CORE = ResourceKind.MEMORY, ResourceKind.CORE
 TTL = DEFAULT_OFFER_TTL_S

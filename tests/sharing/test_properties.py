@@ -13,9 +13,8 @@ from gpu_share.config.model import PlacementPolicyName
 from gpu_share.sharing.engine import AllocationEngine
 from gpu_share.sharing.ledger import Ledger
 from gpu_share.sharing.model import ContainerKind, ContainerView, ResourceKind
-
-from .helpers import ctr, devices, engine, pod
-from .kubesim import KubeletSim
+from tests.sharing.helpers import ctr, devices, engine, pod
+from tests.sharing.kubesim import KubeletSim
 
 CORES = st.sampled_from([0, 0, 10, 25, 30, 50, 60, 100, 200])
 MEMS = st.integers(min_value=0, max_value=9)

@@ -33,8 +33,7 @@ from gpu_share.sharing.model import (
     ResourceKind,
 )
 from gpu_share.sharing.policy import DeviceState, choose_whole_devices, get_policy
-
-from .helpers import UNIT_MIB, devices
+from tests.sharing.helpers import UNIT_MIB, devices
 
 MEM, CORE = ResourceKind.MEMORY, ResourceKind.CORE
 
