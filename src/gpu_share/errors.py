@@ -21,7 +21,7 @@ class AllocationReason(StrEnum):
     DECISION_MISMATCH = "DecisionMismatch"
     DEVICE_UNHEALTHY = "DeviceUnhealthy"
     EXCLUSIVE_CONFLICT = "ExclusiveConflict"
-    # Cores without memory under an enforcing mode (sharing.response).
+    # Cores without memory under an enforcing mode (sharing.limits).
     MEMORY_REQUIRED = "MemoryRequired"
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gpu_share.agent.response import build_allocate_spec
 from gpu_share.config.model import DeviceListStrategy, EnforcementMode, RuntimeConfig
 from gpu_share.devices.base import RuntimeNaming
 from gpu_share.devices.dummy import VISIBLE_DEVICES_ENV as DUMMY_ENV
@@ -23,7 +24,6 @@ from gpu_share.kube.extender_rbac import EXTENDER_RULES
 from gpu_share.sharing.ledger import EntrySource, LedgerEntry
 from gpu_share.sharing.model import ContainerRef, ContainerRequest, DeviceShare
 from gpu_share.sharing.model_req import models_key
-from gpu_share.sharing.response import build_allocate_spec
 from tests.chart.conftest import (
     NAMESPACE,
     REPO,

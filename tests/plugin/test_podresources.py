@@ -6,9 +6,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from google.protobuf.message import DecodeError
 
 from gpu_share.errors import KubeAccessError
+from gpu_share.plugin import wire
 from gpu_share.plugin.podresources import PodResourcesClient
+from gpu_share.plugin.proto import podresources_v1_pb2 as pr
 from gpu_share.sharing.model import PodResourcesContainer, PodResourcesPod, PodResourcesView
 from tests.support.kubelet_stub import FakePodResources
 
@@ -116,5 +119,56 @@ def test_reconnects_after_kubelet_restart(fake: FakePodResources) -> None:
         fake.set_pods(PodResourcesView())
         fake.start()
         assert client.list() == PodResourcesView()
+    finally:
+        client.close()
+
+
+# ---- the List answer's per-pod cache (wire.PodCache) ------------------------------------
+
+
+def _encoded(view: PodResourcesView) -> bytes:
+    return wire.pod_resources_pb(view).SerializeToString()
+
+
+def test_pod_cache_reads_what_a_whole_parse_reads() -> None:
+    resources = frozenset({MEM, CORE})
+    cache = wire.PodCache(resources)
+    changed = PodResourcesPod("ns", "p1", (PodResourcesContainer("app", {MEM: ("GPU-b-0",)}),))
+    for view in (VIEW, PodResourcesView(), PodResourcesView((VIEW.pods[1], changed, VIEW.pods[1]))):
+        data = _encoded(view)
+        whole = wire.pod_resources_view(pr.ListPodResourcesResponse.FromString(data), resources)
+        assert cache.view(data) == whole
+    # Fields of a later API version are skipped, as a parse skips them.
+    extra = _encoded(VIEW) + b"\x10\x07" + b"\x1a\x03abc" + b"\x25\x00\x00\x00\x00"
+    whole = wire.pod_resources_view(pr.ListPodResourcesResponse.FromString(extra), resources)
+    assert cache.view(extra) == whole
+
+
+def test_pod_cache_reuses_unchanged_pods_only() -> None:
+    cache = wire.PodCache(None)
+    first = cache.view(_encoded(VIEW))
+    p1_again = PodResourcesPod("ns", "p1", (PodResourcesContainer("app", {MEM: ("GPU-a-3",)}),))
+    second = cache.view(_encoded(PodResourcesView((p1_again, VIEW.pods[1]))))
+    assert second.pods[1] is first.pods[1]  # listed unchanged: the same object
+    assert second.pods[0] == p1_again and second.pods[0] is not first.pods[0]
+    # Only the last list's pods are kept.
+    cache.view(_encoded(PodResourcesView()))
+    assert cache.view(_encoded(VIEW)).pods[1] is not first.pods[1]
+
+
+def test_wire_split_refuses_what_is_not_wire_format() -> None:
+    assert wire.repeated_message_bytes(b"\x0a\x05ab", 1) is None  # cut short
+    assert wire.repeated_message_bytes(b"\x0f", 1) is None  # wire type 7
+    assert wire.repeated_message_bytes(b"\x0a\x00\x0a\x01\x00", 1) == [b"", b"\x00"]
+    with pytest.raises(DecodeError):
+        wire.PodCache(None).view(b"\x0a\x05ab")
+
+
+def test_client_reuses_pods_listed_unchanged(fake: FakePodResources) -> None:
+    client = PodResourcesClient(fake.socket_path, timeout_s=2)
+    fake.set_pods(VIEW)
+    try:
+        assert client.list() == VIEW
+        assert client.list().pods[0] is client.list().pods[0]  # reused between Lists
     finally:
         client.close()

@@ -4,6 +4,7 @@ import random
 
 import pytest
 
+from gpu_share.agent.response import build_allocate_spec
 from gpu_share.config.model import DeviceListStrategy, EnforcementMode, RuntimeConfig
 from gpu_share.devices.base import DeviceNode, RuntimeNaming
 from gpu_share.errors import AllocationError, IdentityError
@@ -18,7 +19,6 @@ from gpu_share.sharing.model import (
     ResourceKind,
 )
 from gpu_share.sharing.notes import NoteKind
-from gpu_share.sharing.response import build_allocate_spec
 from tests.sharing.helpers import NAMES, ctr, devices, engine, pod
 from tests.sharing.kubesim import KubeletSim
 
@@ -341,7 +341,7 @@ def test_response_memory_only_and_cores_only() -> None:
     assert "GPU_SHARE_CORE_PERCENT" not in m.envs
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in m.envs
     assert m.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=2048M"
-    # Cores-only under an enforcing mode: refused (tests/sharing/test_response_modes.py).
+    # Cores-only under an enforcing mode: refused (tests/agent/test_response_modes.py).
     with pytest.raises(AllocationError) as ex:
         build_allocate_spec(
             _entry_for(0, 40), devs, NAMING, RuntimeConfig(enforcement=EnforcementMode.HAMI_CORE),

@@ -1,6 +1,6 @@
 """Per-container host directories under one root (HAMi-core's cache dir).
 
-Created at Allocate (named ``sharing.response.host_dir_key``: pod UID + container, so a
+Created at Allocate (named ``sharing.limits.host_dir_key``: pod UID + container, so a
 later pod of the same name never inherits one) and removed when the ledger entry is
 released, whatever released it: ``follow`` is given the keys of the ledger after every
 change and trashes the dirs whose keys left it (a key that left because a blind entry was

@@ -14,15 +14,17 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from gpu_share.agent.feed import ChangeFeed
 from gpu_share.agent.hostdirs import HostDirs
 from gpu_share.agent.ports import PodResourcesSource, PodSource, Publisher
 from gpu_share.agent.publisher import BackgroundPublisher
+from gpu_share.agent.response import RuntimeResponses
 from gpu_share.agent.state import LedgerStore
 from gpu_share.config.model import AgentConfig, EnforcementMode
-from gpu_share.devices.base import Device, DeviceBackend, HealthEvent
+from gpu_share.devices.base import DeviceBackend, HealthEvent
 from gpu_share.errors import (
     AllocationError,
     ConfigError,
@@ -48,6 +50,7 @@ from gpu_share.sharing.engine import (
 )
 from gpu_share.sharing.inventory import Inventory
 from gpu_share.sharing.ledger import EntrySource, Ledger, LedgerEntry
+from gpu_share.sharing.limits import MEMORY_REQUIRED, host_dir_key
 from gpu_share.sharing.model import (
     AdvertisedDevice,
     AllocateSpec,
@@ -59,7 +62,6 @@ from gpu_share.sharing.model import (
 )
 from gpu_share.sharing.notes import NoteKind, degraded_label, texts
 from gpu_share.sharing.policy import make_policy
-from gpu_share.sharing.response import MEMORY_REQUIRED, build_allocate_spec, host_dir_key
 
 log = logging.getLogger(__name__)
 
@@ -106,43 +108,24 @@ class DeviceRow:
     units: tuple[tuple[str, int, int], ...]
 
 
-class ResourceServer:
-    """``plugin.handler.ResourceHandler`` for one extended resource."""
+@dataclass(frozen=True)
+class ResourceBinding:
+    """``plugin.handler.ResourceHandler`` for one extended resource: the agent's own
+    methods with the resource's kind bound (``functools.partial``), so the gRPC servicer
+    calls the agent with no layer in between."""
 
-    def __init__(self, agent: NodeAgent, kind: ResourceKind, resource_name: str) -> None:
-        self._agent = agent
-        self.kind = kind
-        self._resource_name = resource_name
-
-    @property
-    def resource_name(self) -> str:
-        return self._resource_name
+    kind: ResourceKind
+    resource_name: str
+    list_devices: Callable[[], list[AdvertisedDevice]]
+    wait_for_change: Callable[[int, float], int]
+    preferred_allocation: Callable[[Sequence[str], Sequence[str], int], list[str]]
+    allocate: Callable[[Sequence[str]], AllocateSpec]
+    preferred_allocation_available: bool = True
+    pre_start_required: bool = False
 
     @property
     def endpoint(self) -> str:
-        return "gpu-share-" + self._resource_name.split("/", 1)[1] + ".sock"
-
-    @property
-    def preferred_allocation_available(self) -> bool:
-        return True
-
-    @property
-    def pre_start_required(self) -> bool:
-        return False
-
-    def list_devices(self) -> list[AdvertisedDevice]:
-        return self._agent.advertised(self.kind)
-
-    def wait_for_change(self, seen_version: int, timeout_s: float) -> int:
-        return self._agent.feed.wait_for_change(seen_version, timeout_s)
-
-    def preferred_allocation(
-        self, available: Sequence[str], must_include: Sequence[str], size: int
-    ) -> list[str]:
-        return self._agent.preferred(self.kind, available, must_include, size)
-
-    def allocate(self, device_ids: Sequence[str]) -> AllocateSpec:
-        return self._agent.allocate(self.kind, device_ids)
+        return "gpu-share-" + self.resource_name.split("/", 1)[1] + ".sock"
 
     def pre_start(self, device_ids: Sequence[str]) -> None:
         return None
@@ -178,7 +161,7 @@ class NodeAgent:
         self.names = ResourceNames(cfg.resources.memory_resource, cfg.resources.core_resource)
         self.feed = ChangeFeed()
         self._lock = threading.RLock()
-        self._devices: dict[str, Device] = {}
+        self._responses: RuntimeResponses | None = None
         self._stop = threading.Event()
         self._inventory_dirty = threading.Event()
         self._reconcile_now = threading.Event()
@@ -219,7 +202,6 @@ class NodeAgent:
         """Discover devices (the backend is already started), load and reconcile the
         ledger."""
         devices = self.backend.devices()
-        self._devices = {d.uuid: d for d in devices}
         unit = self._unit_in_use()
         inventory = Inventory.from_devices(devices, unit)
         ledger = self._load_ledger(inventory)
@@ -232,6 +214,14 @@ class NodeAgent:
             degraded_mode=self.cfg.identity.degraded_mode,
             decision_key=self._decision_key(),
             node_name=self.cfg.node_name,
+        )
+        # The response reads the engine's device table at each call (health, devices).
+        self._responses = RuntimeResponses(
+            lambda: self._engine().inventory,
+            self.backend.naming(),
+            self.cfg.runtime,
+            annotation_prefix=self._annotation_prefix,
+            memory_resource=self.names.memory,
         )
         self._init_host_dirs()
         log.info(
@@ -303,11 +293,18 @@ class NodeAgent:
         """Reconcile soon, from the reconcile loop (e.g. after the kubelet restarted)."""
         self._reconcile_now.set()
 
-    def handlers(self) -> list[ResourceServer]:
-        return [
-            ResourceServer(self, ResourceKind.MEMORY, self.names.memory),
-            ResourceServer(self, ResourceKind.CORE, self.names.core),
-        ]
+    def handlers(self) -> list[ResourceBinding]:
+        return [self._binding(k, self.names.name_of(k)) for k in ResourceKind]
+
+    def _binding(self, kind: ResourceKind, resource_name: str) -> ResourceBinding:
+        return ResourceBinding(
+            kind,
+            resource_name,
+            list_devices=partial(self.advertised, kind),
+            wait_for_change=self.feed.wait_for_change,
+            preferred_allocation=partial(self.preferred, kind),
+            allocate=partial(self.allocate, kind),
+        )
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         return self._publisher.flush(timeout_s) if self._publisher is not None else True
@@ -770,15 +767,9 @@ class NodeAgent:
             )
 
     def _spec_for(self, entry: LedgerEntry) -> AllocateSpec:
-        return build_allocate_spec(
-            entry,
-            self._devices,
-            self.backend.naming(),
-            self.cfg.runtime,
-            self._engine().inventory.unit_mib,
-            self._annotation_prefix,
-            memory_resource=self.names.memory,
-        )
+        if self._responses is None:
+            raise GpuShareError("agent not started")
+        return self._responses.build(entry)
 
     # ---- per-container host dirs (hami-core) -------------------------------------------
 

@@ -1,8 +1,10 @@
 """The contract between the gRPC servers and the node agent.
 
 The servers in this package speak protobuf; everything they need from the agent goes
-through ``ResourceHandler`` (one per extended resource). The agent satisfies it
-structurally, so it never imports grpc.
+through ``ResourceHandler`` (one per extended resource). The agent's
+``ResourceBinding`` satisfies it structurally with the agent's own methods, the
+resource's kind bound, so the servicer calls the agent directly and the agent never
+imports grpc.
 """
 
 from __future__ import annotations

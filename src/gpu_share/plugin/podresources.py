@@ -9,8 +9,10 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Collection
+from typing import TypeAlias
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from gpu_share.errors import KubeAccessError
 from gpu_share.plugin import wire
@@ -22,6 +24,8 @@ from gpu_share.sharing.model import PodResourcesPod, PodResourcesView
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 # The kubelet's answers can be large on busy nodes; the default 4 MiB is too tight.
 MAX_RECEIVE_BYTES = 64 << 20
+LIST_METHOD = "/v1.PodResourcesLister/List"
+_RawList: TypeAlias = "grpc.UnaryUnaryMultiCallable[pr.ListPodResourcesRequest, bytes]"
 
 
 class PodResourcesClient:
@@ -39,6 +43,10 @@ class PodResourcesClient:
         self._lock = threading.Lock()
         self._channel: grpc.Channel | None = None
         self._stub: pr_grpc.PodResourcesListerStub | None = None
+        # List answered as bytes: pods unchanged since the last List are reused, not
+        # parsed and converted again (wire.PodCache).
+        self._list_raw: _RawList | None = None
+        self._pods = wire.PodCache(self.resource_names)
 
     def _get_stub(self) -> pr_grpc.PodResourcesListerStub:
         with self._lock:
@@ -48,11 +56,26 @@ class PodResourcesClient:
                     options=[("grpc.max_receive_message_length", MAX_RECEIVE_BYTES)],
                 )
                 self._stub = pr_grpc.PodResourcesListerStub(self._channel)
+                self._list_raw = self._channel.unary_unary(
+                    LIST_METHOD,
+                    request_serializer=pr.ListPodResourcesRequest.SerializeToString,
+                    response_deserializer=None,
+                )
             return self._stub
+
+    def _get_list(self) -> _RawList:
+        with self._lock:
+            if self._list_raw is not None:
+                return self._list_raw
+        self._get_stub()
+        with self._lock:
+            assert self._list_raw is not None
+            return self._list_raw
 
     def _reset(self) -> None:
         with self._lock:
             channel, self._channel, self._stub = self._channel, None, None
+            self._list_raw = None
         if channel is not None:
             channel.close()
 
@@ -60,13 +83,17 @@ class PodResourcesClient:
         """All pods the kubelet admitted, with the devices each container holds.
         Raises ``KubeAccessError`` on any failure (timeout included)."""
         try:
-            answer: pr.ListPodResourcesResponse = self._get_stub().List(
-                pr.ListPodResourcesRequest(), timeout=self.timeout_s
-            )
+            data = self._get_list()(pr.ListPodResourcesRequest(), timeout=self.timeout_s)
         except grpc.RpcError as exc:
             self._reset()
             raise self._error("List", exc) from exc
-        return wire.pod_resources_view(answer, self.resource_names)
+        try:
+            return self._pods.view(bytes(data))
+        except DecodeError as exc:
+            self._reset()
+            raise KubeAccessError(
+                f"kubelet PodResources List at {self.socket_path}: answer not readable: {exc}"
+            ) from exc
 
     def allocatable(self) -> dict[str, tuple[str, ...]]:
         """Resource name -> every device ID the kubelet knows for it."""

@@ -86,6 +86,84 @@ def pod_resources_view(
     return PodResourcesView(pods=tuple(pod_from_pb(p, resources) for p in msg.pod_resources))
 
 
+# ListPodResourcesResponse.pod_resources (podresources/v1 api.proto): its only field.
+LIST_PODS_FIELD = 1
+_LEN = 2  # wire type of length-delimited fields (messages, strings, bytes)
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while shift < 64:
+        b = data[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, pos
+        shift += 7
+    raise ValueError("varint longer than 10 bytes")
+
+
+def _skip(data: bytes, pos: int, wire_type: int) -> int:
+    if wire_type == 0:
+        return _varint(data, pos)[1]
+    if wire_type == 1:
+        return pos + 8
+    if wire_type == _LEN:
+        size, pos = _varint(data, pos)
+        return pos + size
+    if wire_type == 5:
+        return pos + 4
+    raise ValueError(f"wire type {wire_type} not expected here")
+
+
+def repeated_message_bytes(data: bytes, field: int) -> list[bytes] | None:
+    """The encoded bytes of each element of the repeated message ``field`` at the top
+    level of ``data`` (other fields skipped), without parsing them; None when ``data`` is
+    not well-formed wire format (the caller then parses it whole and gets its error)."""
+    out: list[bytes] = []
+    pos, end = 0, len(data)
+    try:
+        while pos < end:
+            tag, pos = _varint(data, pos)
+            if tag >> 3 == field and tag & 7 == _LEN:
+                size, pos = _varint(data, pos)
+                out.append(data[pos : pos + size])
+                pos += size
+            else:
+                pos = _skip(data, pos, tag & 7)
+    except (IndexError, ValueError):
+        return None
+    return out if pos == end else None
+
+
+class PodCache:
+    """Converted pods by their encoded ``PodResources`` bytes: a pod the kubelet lists
+    unchanged is neither parsed nor converted again, and the same object comes back
+    (the engine then skips what it already knows of it). Holds the last list's pods
+    only. Safe for concurrent callers (each builds a new table, the last one stays)."""
+
+    def __init__(self, resources: Collection[str] | None) -> None:
+        self._resources = resources
+        self._pods: dict[bytes, PodResourcesPod] = {}
+
+    def view(self, data: bytes) -> PodResourcesView:
+        """``pod_resources_view`` of an encoded ``ListPodResourcesResponse``; raises
+        ``google.protobuf.message.DecodeError`` on a malformed one."""
+        chunks = repeated_message_bytes(data, LIST_PODS_FIELD)
+        if chunks is None:
+            return pod_resources_view(pr.ListPodResourcesResponse.FromString(data),
+                                      self._resources)
+        old: dict[bytes, PodResourcesPod] = self._pods
+        new: dict[bytes, PodResourcesPod] = {}
+        for chunk in chunks:
+            pod = old.get(chunk) or new.get(chunk)
+            if pod is None:
+                pod = pod_from_pb(pr.PodResources.FromString(chunk), self._resources)
+            new[chunk] = pod
+        self._pods = new
+        return PodResourcesView(pods=tuple(new[c] for c in chunks))
+
+
 def allocatable_devices(
     msg: pr.AllocatableResourcesResponse, resources: Collection[str] | None = None
 ) -> dict[str, tuple[str, ...]]:

@@ -102,6 +102,7 @@ class AllocationEngine:
         self.release_grace_s = release_grace_s
         self.offer_ttl_s = offer_ttl_s
         self._views = PodViews()
+        self._admitted = identity.AdmittedPods()  # pods identity need not look into
         self._blind = BlindPairing(pairing_window_s)
         # Key of the extender's signed decisions; None: decisions are ignored.
         self.decision_key = decision_key
@@ -356,7 +357,8 @@ class AllocationEngine:
         if ctx.pods is None:
             return None, Note(NoteKind.DEGRADED_APISERVER, "API server unreachable")
         match = identity.resolve(
-            kind, size, hint, ctx.pr, self._views.views, self.ledger, self.resources
+            kind, size, hint, ctx.pr, self._views.views, self.ledger, self.resources,
+            self._admitted,
         )
         why = Note(
             NoteKind.DEGRADED_NO_CANDIDATE,

@@ -52,6 +52,38 @@ def _present(
     )
 
 
+class AdmittedPods:
+    """Pods PodResources shows complete: every container holds every resource of ours it
+    requests, so none of them waits for a call (``_waiting_container`` is None). Known
+    by the very (PodResourcesPod, PodView) objects it was checked on: the PodResources
+    client hands back the same object for a pod listed unchanged, so on a busy node
+    most pods are skipped by two identity tests. Holds pods of the last lists only."""
+
+    def __init__(self) -> None:
+        self._done: dict[PodKey, tuple[PodResourcesPod, PodView]] = {}
+
+    def complete(self, prp: PodResourcesPod, view: PodView, names: ResourceNames) -> bool:
+        key = (prp.namespace, prp.name)
+        hit = self._done.get(key)
+        if hit is not None and hit[0] is prp and hit[1] is view:
+            return True
+        devs = {c.name: c.devices for c in prp.containers}
+        if any(
+            c.request.amount(k) > 0 and not devs.get(c.name, {}).get(names.name_of(k))
+            for c in view.containers
+            for k in ResourceKind
+        ):
+            return False
+        self._done[key] = (prp, view)
+        return True
+
+    def keep_only(self, pr: PodResourcesView) -> None:
+        """Forget pods no longer listed, once they are many (bounded memory)."""
+        if len(self._done) > 2 * len(pr.pods) + 64:
+            listed = {(p.namespace, p.name) for p in pr.pods}
+            self._done = {k: v for k, v in self._done.items() if k in listed}
+
+
 def resolve(
     kind: ResourceKind,
     size: int,
@@ -60,11 +92,14 @@ def resolve(
     pods: Mapping[PodKey, PodView],
     ledger: Ledger,
     names: ResourceNames,
+    admitted: AdmittedPods | None = None,
 ) -> IdentityMatch | None:
-    """The container this call belongs to, or None when no active pod qualifies."""
+    """The container this call belongs to, or None when no active pod qualifies.
+    ``admitted``: the caller's memory of complete pods (skipped without a look)."""
     hint = set(hint_ids)
     hinted_pods: set[PodKey] = set()
     candidates: list[IdentityMatch] = []
+    admitted = admitted or AdmittedPods()
     for prp in pr.pods:
         key = (prp.namespace, prp.name)
         view = pods.get(key)
@@ -72,9 +107,12 @@ def resolve(
             continue
         if hint and _holds_any(prp, hint, names.name_of(kind)):
             hinted_pods.add(key)
+        if admitted.complete(prp, view, names):
+            continue
         match = _waiting_container(view, prp, kind, size, ledger, names)
         if match is not None:
             candidates.append(match)
+    admitted.keep_only(pr)
     if hinted_pods:
         narrowed = [m for m in candidates if (m.pod.namespace, m.pod.name) in hinted_pods]
         candidates = narrowed or candidates

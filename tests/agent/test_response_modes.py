@@ -1,18 +1,23 @@
 """L1: what a container gets in each enforcement mode x {memory+cores, memory-only,
-cores-only} (docs/enforcement.md), and the per-container host dir key."""
+cores-only} (docs/enforcement.md), the per-container host dir key, and that the agent's
+response builder (agent/response.py) reads the engine's device table as it is at the
+call."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from gpu_share.config.model import EnforcementMode, RuntimeConfig
-from gpu_share.devices.base import RuntimeNaming
+from gpu_share.agent.response import RuntimeResponses, build_allocate_spec
+from gpu_share.config.model import DeviceListStrategy, EnforcementMode, RuntimeConfig
+from gpu_share.devices.base import DeviceNode, RuntimeNaming
 from gpu_share.errors import AllocationError
+from gpu_share.sharing.inventory import Inventory
 from gpu_share.sharing.ledger import EntrySource, LedgerEntry
+from gpu_share.sharing.limits import MEMORY_REQUIRED, host_dir_key
 from gpu_share.sharing.model import AllocateSpec, ContainerRef, ContainerRequest, DeviceShare
-from gpu_share.sharing.response import MEMORY_REQUIRED, build_allocate_spec, host_dir_key
-
-from .helpers import devices
+from tests.sharing.helpers import devices
 
 NAMING = RuntimeNaming("NVIDIA_VISIBLE_DEVICES")
 DEVS = {d.uuid: d for d in devices()}
@@ -122,3 +127,54 @@ def test_host_dir_key_without_uid_is_unique_per_allocation() -> None:
         assert k.startswith("alloc-") and "/" not in k
     k = host_dir_key(entry(4, 0, ref=ContainerRef("ns", "p", "../../etc", REF.pod_uid)))
     assert k.startswith("alloc-")
+
+
+# ---- the live device table ------------------------------------------------------------
+
+
+def test_response_follows_the_live_device_table() -> None:
+    """The agent's builder reads the table at each call: a device the backend's refresh
+    added can be answered, one it removed cannot, and a changed device (health, nodes,
+    memory) is what the next response describes. Same table: same bytes as the
+    fixed-table function."""
+    rt = RuntimeConfig(
+        enforcement=HAMI,
+        pass_device_specs=True,
+        device_list_strategy=[DeviceListStrategy.ENVVAR, DeviceListStrategy.CDI_CRI],
+    )
+    table = {"inv": Inventory.from_devices(devices(2), 1024)}
+    responses = RuntimeResponses(lambda: table["inv"], NAMING, rt, memory_resource=MEM)
+    on_1 = entry(4, 30)  # GPU-1
+    assert responses.build(on_1) == build_allocate_spec(
+        on_1, {d.uuid: d for d in devices(2)}, NAMING, rt, 1024, memory_resource=MEM
+    )
+
+    # Added by a refresh: GPU-2, unknown a moment ago.
+    on_2 = LedgerEntry(REF, ContainerRequest(2, 0), (DeviceShare("GPU-2", 2, 0),),
+                       EntrySource.NODE_AGENT, 1.0, 1.0)
+    with pytest.raises(AllocationError) as ex:
+        responses.build(on_2)
+    assert ex.value.reason == "UnknownDevice"
+    table["inv"] = Inventory.from_devices(devices(3), 1024)
+    s2 = responses.build(on_2)
+    assert s2.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-2"
+    assert s2.cdi_devices == ("nvidia.com/gpu=GPU-2",)
+    assert [d.host_path for d in s2.devices] == ["/dev/nvidia2"]
+
+    # Changed: GPU-1 unhealthy and re-enumerated on another node; its whole-device
+    # memory is the device's as it is now.
+    gpu1 = replace(devices(3)[1], healthy=False, minor=7, memory_mib=4096,
+                   nodes=(DeviceNode("/dev/nvidia7", "/dev/nvidia1"),))
+    table["inv"] = table["inv"].with_health("GPU-1", False)
+    assert table["inv"].require("GPU-1").healthy is False
+    table["inv"] = Inventory.from_devices([devices(3)[0], gpu1, devices(3)[2]], 1024)
+    assert [d.host_path for d in responses.build(on_1).devices] == ["/dev/nvidia7"]
+    whole = LedgerEntry(REF, ContainerRequest(4, 100), (DeviceShare("GPU-1", 4, 100, True),),
+                        EntrySource.NODE_AGENT, 1.0, 1.0)
+    assert responses.build(whole).envs["GPU_SHARE_MEMORY_LIMIT_MIB"] == "4096"
+
+    # Removed by a refresh: the next response refuses instead of naming a gone device.
+    table["inv"] = Inventory.from_devices(devices(1), 1024)
+    with pytest.raises(AllocationError) as ex:
+        responses.build(on_1)
+    assert ex.value.reason == "UnknownDevice"
