@@ -41,6 +41,7 @@ class KubeletSim:
     held: dict[PodKey, dict[str, dict[ResourceKind, list[str]]]] = field(default_factory=dict)
     before_call: RestartHook | None = None
     pr_reachable: bool = True
+    api_reachable: bool = True  # False: calls get PodResources but no pod specs
     rejected: list[tuple[PodKey, str]] = field(default_factory=list)
     calls: int = 0
 
@@ -80,6 +81,8 @@ class KubeletSim:
         if not self.pr_reachable:
             return CallContext(None, None, self.now)
         pr = self.pr()
+        if not self.api_reachable:
+            return CallContext(pr, None, self.now)
         needs = self.engine.context_needs(pr)
         return CallContext(pr, {k: self.api.get(k) for k in needs}, self.now)
 

@@ -394,3 +394,30 @@ def test_response_exclusive_two_devices_mps() -> None:
 
 def test_names_helper() -> None:
     assert NAMES.kind_of("vendor.com/vcuda-core") is CORE and NAMES.kind_of("x") is None
+
+
+# The API server comes back between a container's two calls (e2e story 9a): the first
+# was decided blind, the second knows the pod. The second must extend the blind decision
+# on its device, not decide the container anew (which split memory and cores).
+@pytest.mark.parametrize("seed", range(40))
+def test_api_back_between_a_containers_calls_keeps_it_on_one_device(seed: int) -> None:
+    rng = random.Random(seed)
+    s = sim(seed=seed)
+    for i in range(rng.randint(1, 5)):  # some load, so that devices differ
+        s.admit(pod(f"load-{i}", ctr("c", mem=rng.randint(1, 4), cores=rng.randint(0, 60))))
+
+    def api_back_after_first_call(k: KubeletSim) -> None:
+        k.api_reachable = k.calls > first_call
+
+    first_call = s.calls + 1
+    s.api_reachable = False
+    s.before_call = api_back_after_first_call
+    if s.admit(pod("p", ctr("c", mem=rng.randint(1, 3), cores=rng.randint(10, 40)))):
+        assert len(devs_of(s, ("default", "p"), "c")) == 1, s.held[("default", "p")]
+    else:
+        # The blind device has too few cores left: refused, never split over two devices.
+        ((_, why),) = s.rejected
+        assert why.startswith("NoFit"), why
+    s.before_call = None
+    s.reconcile()
+    s.check_invariants()

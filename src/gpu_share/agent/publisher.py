@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -18,6 +19,10 @@ IDLE_BEAT_S = 1.0
 # One API call is bounded by the client's timeouts (connect retries + read, about 30 s);
 # the loop beats after each call, so only a call stuck far past them fails liveness.
 PUBLISHER_MAX_AGE_S = 120.0
+# An annotation that could not be written (API server away) is written again after a
+# pause that doubles up to the cap, so state catches up once the server is back.
+RETRY_FIRST_S = 1.0
+RETRY_MAX_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,8 @@ class BackgroundPublisher:
         self._idle = True
         self._thread: threading.Thread | None = None
         self._done = threading.Event()  # the loop's stop: set after the last pass
+        self._retry_s = 0.0  # current pause after a failed annotation (0: none failed)
+        self._retry_at = 0.0  # monotonic time before which failed work waits
         self._supervisor: LoopSupervisor | None = None
 
     def start(self, supervisor: LoopSupervisor | None = None) -> None:
@@ -118,13 +125,18 @@ class BackgroundPublisher:
             self._cond.wait_for(self._has_work, IDLE_BEAT_S)
             if not self._has_work():
                 return
+            pause = self._retry_at - time.monotonic()
+            if pause > 0 and not self._stopping:
+                self._cond.wait(min(pause, IDLE_BEAT_S))
+                return
             node_dirty, self._node_dirty = self._node_dirty, False
             pods, self._pods = self._pods, set()
             events, self._events = self._events, []
             stopping = self._stopping
             self._idle = False
         try:
-            self._publish(node_dirty, pods, events)
+            failed_node, failed_pods = self._publish(node_dirty, pods, events)
+            self._requeue(failed_node, failed_pods)
         except Exception:
             # Annotations are state: publish them again on the next pass. Events are
             # not retried (a duplicate Event is worse than a lost one).
@@ -140,33 +152,51 @@ class BackgroundPublisher:
                 self._cond.notify_all()
             self._done.set()
 
+    def _requeue(self, node: bool, pods: set[tuple[str, str]]) -> None:
+        """Annotations are state: what failed is written again after a growing pause."""
+        with self._cond:
+            if not (node or pods):
+                self._retry_s = 0.0
+                return
+            self._retry_s = min(RETRY_MAX_S, max(RETRY_FIRST_S, 2 * self._retry_s))
+            self._retry_at = time.monotonic() + self._retry_s
+            self._node_dirty |= node
+            self._pods |= pods
+
     def _has_work(self) -> bool:
         return self._stopping or self._node_dirty or bool(self._pods or self._events)
 
     def _publish(
         self, node_dirty: bool, pods: set[tuple[str, str]], events: list[_Event]
-    ) -> None:
+    ) -> tuple[bool, set[tuple[str, str]]]:
+        """Publishes; returns what failed of the annotations (node, pods)."""
         t = self._target
-        if node_dirty:
-            self._guard("annotate_node", t.annotate_node, self._node_name,
-                        self._node_annotations())
+        failed_node = node_dirty and not self._guard(
+            "annotate_node", t.annotate_node, self._node_name, self._node_annotations()
+        )
+        failed_pods: set[tuple[str, str]] = set()
         for ns, name in sorted(pods):
             ann = self._pod_annotations(ns, name)
-            if ann:
-                self._guard("annotate_pod", t.annotate_pod, ns, name, ann)
+            if ann and not self._guard("annotate_pod", t.annotate_pod, ns, name, ann):
+                failed_pods.add((ns, name))
         for ev in events:
             kw = {"reason": ev.reason, "message": ev.message, "warning": ev.warning}
             if ev.namespace is None:
                 self._guard("event", t.node_event, ev.name, **kw)
             else:
                 self._guard("event", t.pod_event, ev.namespace, ev.name, **kw)
+        return failed_node, failed_pods
 
-    def _guard(self, what: str, fn: Callable[..., object], *args: object, **kw: object) -> None:
+    def _guard(self, what: str, fn: Callable[..., object], *args: object, **kw: object) -> bool:
+        """True when ``fn`` succeeded; a failure is logged and counted, never raised."""
+        ok = False
         try:
             fn(*args, **kw)
+            ok = True
         except Exception as exc:  # publishing must never take the agent down
             log.warning("%s failed: %s", what, describe_error(exc))
             if self._on_error is not None:
                 self._on_error(what)
         if self._supervisor is not None:
             self._supervisor.beat(PUBLISHER_LOOP)
+        return ok

@@ -340,6 +340,14 @@ class AllocationEngine:
             notes.append(Note(why.kind, f"degraded: {why.text}"))
             entry = self._degraded_entry(kind, size, available, must_include, ctx.now, why.text)
             return entry, 0
+        if match.entry is None and ctx.pr is not None:
+            ref = ContainerRef(match.pod.namespace, match.pod.name, match.container.name,
+                               match.pod.uid)
+            named = reconcile.attribute_blind(self.ledger, ctx.pr, ref, self.resources, ctx.now)
+            if named is not None:
+                notes.append(Note(NoteKind.BLIND_ATTRIBUTED,
+                                  f"earlier blind decision attributed to {ref}"))
+                match = replace(match, entry=named)
         entry = self._entry_for(match, kind, available, must_include, ctx.now)
         if match.ambiguity:
             notes.append(

@@ -20,6 +20,7 @@ class NoteKind(StrEnum):
     OFFER_EXPIRED = "offer-expired"  # an abandoned offer was released
     STALE_RELEASED = "stale-released"  # a pod whose ids the kubelet lists as free
     EXTENDER_IGNORED = "extender-ignored"  # signed decision rejected or not followed
+    BLIND_ATTRIBUTED = "blind-attributed"  # a blind decision named by a later call
 
 
 # Metric label of the degraded counter per degraded kind (low cardinality).

@@ -129,6 +129,31 @@ def _adopt_container(
         ledger.put(fixed)
 
 
+def attribute_blind(
+    ledger: Ledger,
+    pr: PodResourcesView,
+    ref: ContainerRef,
+    names: ResourceNames,
+    now: float,
+) -> LedgerEntry | None:
+    """Name, during a call, a blind decision PodResources already shows ``ref`` holding
+    (its other resource was decided while the pod was unknown): the call then extends
+    that decision on the same device instead of deciding anew (which could split the
+    container over two devices). None when there is no such decision."""
+    for p in pr.pods:
+        if (p.namespace, p.name) != (ref.namespace, ref.pod_name):
+            continue
+        for c in p.containers:
+            held = held_ids(c, names) if c.name == ref.container_name else None
+            deg = _degraded_holding(ledger, held) if held is not None else None
+            if held is not None and deg is not None:
+                ledger.remove(deg.ref)
+                entry = _new_entry(ref, _Spec(), held, now)
+                ledger.put(entry)
+                return entry
+    return None
+
+
 def _degraded_holding(ledger: Ledger, held: Held) -> LedgerEntry | None:
     for e in ledger.entries:
         if not e.degraded:
