@@ -158,9 +158,9 @@ import_image() {
   eval "$(bash "${HACK_DIR}/local-up-cluster.sh" env)"
   local want have
   want="sha256:$(tar_image_id "${tar}")"
-  have="$(ctr --address "${CONTAINERD_ADDRESS}" -n k8s.io images ls "name==${IMAGE}" 2>/dev/null |
+  have="$("${CONTAINERD_BIN_DIR}/ctr" --address "${CONTAINERD_ADDRESS}" -n k8s.io images ls "name==${IMAGE}" 2>/dev/null |
     awk 'NR > 1 {print $3}' | head -1)"
-  if [[ -n "${have}" ]] && ctr --address "${CONTAINERD_ADDRESS}" -n k8s.io content get "${have}" 2>/dev/null |
+  if [[ -n "${have}" ]] && "${CONTAINERD_BIN_DIR}/ctr" --address "${CONTAINERD_ADDRESS}" -n k8s.io content get "${have}" 2>/dev/null |
     grep -q "${want}"; then
     log "containerd already holds ${IMAGE} (${want:0:19})"
     return 0

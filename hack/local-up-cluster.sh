@@ -16,6 +16,9 @@
 #   hack/local-up-cluster.sh stop-kubelet | start-kubelet   one half of it (failure tests)
 #   hack/local-up-cluster.sh stop-apiserver | start-apiserver   take the API server away
 #                                          and bring it back (waits for /readyz)
+#   hack/local-up-cluster.sh restart-containerd  stop the kubelet and every container,
+#                                          start containerd afresh (GPU_SHARE_CONTAINERD picks
+#                                          which; images re-imported), start the kubelet
 #   hack/local-up-cluster.sh build         only build/cache the binaries and images
 #   hack/local-up-cluster.sh logs COMPONENT  tail -f a component log
 #
@@ -25,6 +28,8 @@
 #   GPU_SHARE_NODE_NAME    node name (default gpu-share-node)
 #   GPU_SHARE_POD_CIDR     bridge subnet (default 10.88.77.0/24)
 #   GPU_SHARE_UP_TIMEOUT   seconds to wait for each component (default 180)
+#   GPU_SHARE_CONTAINERD   built (default: containerd 1.7 built from its Go module, with
+#                          CDI) or system (Debian's /usr/bin/containerd 1.6, no CDI)
 # Config files are rendered from hack/templates/. See docs/local-cluster.md.
 set -euo pipefail
 
@@ -70,6 +75,14 @@ DEVICE_PLUGIN_DIR=/var/lib/kubelet/device-plugins
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet)
 
 K8S_BIN="$("${HACK_DIR}/cluster/build.sh" k8s-dir)/bin"
+CONTAINERD_FLAVOUR="${GPU_SHARE_CONTAINERD:-built}"
+case "${CONTAINERD_FLAVOUR}" in
+  built) CONTAINERD_BIN_DIR="$("${HACK_DIR}/cluster/build.sh" containerd-dir)/bin" ;;
+  # Debian's package: containerd, containerd-shim-runc-v2 and ctr in /usr/bin.
+  system) CONTAINERD_BIN_DIR="$(dirname "$(command -v containerd || echo /usr/bin/containerd)")" ;;
+  *) die "GPU_SHARE_CONTAINERD must be built or system, not '${CONTAINERD_FLAVOUR}'" ;;
+esac
+CTR="${CONTAINERD_BIN_DIR}/ctr"
 ETCD_BIN="$("${HACK_DIR}/cluster/build.sh" etcd-dir)/bin"
 KUBECTL="${K8S_BIN}/kubectl"
 
@@ -145,7 +158,9 @@ kubectl_admin() { "${KUBECTL}" --kubeconfig "${ADMIN_KUBECONFIG}" "$@"; }
 
 ensure_packages() {
   local missing=()
-  command -v containerd >/dev/null || missing+=(containerd)
+  if [[ "${CONTAINERD_FLAVOUR}" == system ]]; then
+    command -v containerd >/dev/null || missing+=(containerd)
+  fi
   command -v runc >/dev/null || missing+=(runc)
   [[ -x "${CNI_BIN_DIR}/bridge" && -x "${CNI_BIN_DIR}/host-local" && -x "${CNI_BIN_DIR}/loopback" ]] ||
     missing+=(containernetworking-plugins)
@@ -166,6 +181,8 @@ ensure_packages() {
 build_all() {
   "${HACK_DIR}/cluster/build.sh" etcd
   "${HACK_DIR}/cluster/build.sh" k8s
+  # The default containerd is always built, so switching to it later costs no build.
+  "${HACK_DIR}/cluster/build.sh" containerd
   build_images
 }
 
@@ -211,6 +228,12 @@ write_kubeconfig() {
 }
 
 # shellcheck disable=SC2034 # RUNC_BIN is read by render
+write_containerd_config() {
+  local RUNC_BIN
+  RUNC_BIN="$(command -v runc)"
+  render "${TEMPLATES}/containerd-config.toml" >"${CONTAINERD_DIR}/config.toml"
+}
+
 write_configs() {
   mkdir -p "${WORK_DIR}" "${LOG_DIR}" "${RUN_DIR}" "${CONF_DIR}" "${KUBECONFIG_DIR}" \
     "${KUBELET_ROOT_DIR}" "${CONTAINERD_DIR}" "${CNI_DIR}/net.d" "${CNI_DIR}/networks"
@@ -221,9 +244,7 @@ write_configs() {
   write_kubeconfig "${KUBECONFIG_DIR}/controller-manager.kubeconfig" system:kube-controller-manager controller-manager.crt controller-manager.key
   write_kubeconfig "${KUBECONFIG_DIR}/scheduler.kubeconfig" system:kube-scheduler scheduler.crt scheduler.key
 
-  local RUNC_BIN
-  RUNC_BIN="$(command -v runc)"
-  render "${TEMPLATES}/containerd-config.toml" >"${CONTAINERD_DIR}/config.toml"
+  write_containerd_config
   render "${TEMPLATES}/cni-bridge.conflist" >"${CNI_DIR}/net.d/10-gpu-share.conflist"
   render "${TEMPLATES}/kubelet.yaml" >"${CONF_DIR}/kubelet.yaml"
 }
@@ -326,11 +347,16 @@ start_scheduler() {
     --v=1
 }
 
-ctr_k8s() { ctr --address "${CONTAINERD_SOCK}" --namespace k8s.io "$@"; }
+ctr_k8s() { "${CTR}" --address "${CONTAINERD_SOCK}" --namespace k8s.io "$@"; }
 
+# The shim is looked up in PATH first (then next to containerd): our bin dir goes first so
+# the built containerd never runs Debian's 1.6 shim.
 start_containerd() {
-  start containerd containerd --config "${CONTAINERD_DIR}/config.toml"
-  wait_for "containerd socket" containerd ctr --address "${CONTAINERD_SOCK}" version
+  start containerd env "PATH=${CONTAINERD_BIN_DIR}:${PATH}" \
+    "${CONTAINERD_BIN_DIR}/containerd" --config "${CONTAINERD_DIR}/config.toml"
+  wait_for "containerd socket" containerd "${CTR}" --address "${CONTAINERD_SOCK}" version
+  log "containerd: $("${CTR}" --address "${CONTAINERD_SOCK}" version 2>/dev/null |
+    awk '/^Server:/ {s=1} s && $1 == "Version:" {print $2; exit}') (${CONTAINERD_FLAVOUR})"
 }
 
 import_images() {
@@ -381,6 +407,7 @@ cmd_up() {
   build_all
   write_configs
   ensure_hosts_entry
+  echo "${CONTAINERD_FLAVOUR}" >"${RUN_DIR}/containerd.flavour"
   start_etcd
   start_apiserver
   start_controller_manager
@@ -437,10 +464,13 @@ cleanup_containers() {
   fi
 }
 
-unmount_work_dir() {
+unmount_work_dir() { unmount_below "${WORK_DIR}"; }
+
+# unmount_below DIR : every mount point below DIR, deepest first.
+unmount_below() {
   local mounts m
   # Deepest first; mountinfo field 5 is the mount point (octal-escaped).
-  mounts="$(awk -v d="${WORK_DIR}/" 'index($5, d) == 1 { print $5 }' /proc/self/mountinfo | sort -r)"
+  mounts="$(awk -v d="$1/" 'index($5, d) == 1 { print $5 }' /proc/self/mountinfo | sort -r)"
   for m in ${mounts}; do
     m="$(printf '%b' "${m//\\/\\0}")"
     umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
@@ -518,6 +548,8 @@ DEVICE_PLUGIN_DIR=${DEVICE_PLUGIN_DIR}
 POD_RESOURCES_SOCKET=${KUBELET_ROOT_DIR}/pod-resources/kubelet.sock
 CONTAINER_RUNTIME_ENDPOINT=unix://${CONTAINERD_SOCK}
 CONTAINERD_ADDRESS=${CONTAINERD_SOCK}
+CONTAINERD_BIN_DIR=${CONTAINERD_BIN_DIR}
+CONTAINERD_FLAVOUR=${CONTAINERD_FLAVOUR}
 KUBELET_METRICS_URL=https://127.0.0.1:${KUBELET_PORT}/metrics
 CLUSTER_CA_CERT=${PKI_DIR}/ca.crt
 CLUSTER_ADMIN_CERT=${PKI_DIR}/admin.crt
@@ -541,12 +573,13 @@ environment_problem() {
   elif [[ ! -d /sys/fs/cgroup/memory && -f /sys/fs/cgroup/cgroup.controllers ]]; then
     # The kubelet config (cgroupfs driver, cgroupRoot /) and `down`'s cleanup of
     # /sys/fs/cgroup/*/kubepods are written and tested for the v1 hierarchy only.
-    echo "cgroup v2 only host: this cluster (kubelet v1.34 on containerd 1.6, cgroupfs) is set up for cgroup v1"
+    echo "cgroup v2 only host: this cluster (kubelet v1.34 on containerd 1.7, cgroupfs) is set up for cgroup v1"
   elif [[ ! -d /sys/fs/cgroup/memory ]]; then
     echo "no cgroup v1 memory controller under /sys/fs/cgroup"
   elif ! command -v go >/dev/null; then
     echo "no Go toolchain (needed to build Kubernetes and etcd)"
-  elif ! command -v containerd >/dev/null && ! command -v apt-get >/dev/null; then
+  elif [[ "${CONTAINERD_FLAVOUR}" == system ]] && ! command -v containerd >/dev/null &&
+    ! command -v apt-get >/dev/null; then
     echo "containerd is not installed and apt-get is not available to install it"
   fi
 }
@@ -619,6 +652,29 @@ cmd_start_apiserver() {
   start_apiserver
 }
 
+# Switches the node's runtime (GPU_SHARE_CONTAINERD) under a running control plane: pods
+# keep their API objects and the new kubelet recreates their containers. containerd's
+# root (images, snapshots; 1.6 and 1.7 share its metadata schema) is kept, its state
+# (tasks of the killed containers) starts empty.
+cmd_restart_containerd() {
+  need_root
+  is_running containerd || die "the local cluster is not up (run: $0 up)"
+  stop kubelet
+  cleanup_containers
+  stop containerd
+  unmount_below "${CONTAINERD_DIR}"
+  rm -rf "${CONTAINERD_DIR}/state" "${CONTAINERD_DIR}/runc"
+  ensure_packages
+  "${HACK_DIR}/cluster/build.sh" containerd
+  build_images
+  write_containerd_config
+  echo "${CONTAINERD_FLAVOUR}" >"${RUN_DIR}/containerd.flavour"
+  start_containerd
+  import_images "${PAUSE_TAR}" "${BUSYBOX_TAR}"
+  start_kubelet
+  wait_for "node ${NODE_NAME} Ready" kubelet node_ready
+}
+
 cmd_import_image() {
   need_root
   (($#)) || die "usage: $0 import-image TAR..."
@@ -634,6 +690,7 @@ case "${1:-}" in
   env) shift; cmd_env "$@" ;;
   import-image) shift; cmd_import_image "$@" ;;
   restart-kubelet) cmd_restart_kubelet ;;
+  restart-containerd) cmd_restart_containerd ;;
   stop-kubelet) cmd_stop_kubelet ;;
   start-kubelet) cmd_start_kubelet ;;
   stop-apiserver) cmd_stop_apiserver ;;
@@ -641,7 +698,7 @@ case "${1:-}" in
   build) ensure_packages; build_all; log "images: ${PAUSE_TAR} ${BUSYBOX_TAR}" ;;
   logs) shift; exec tail -n 100 -f "${LOG_DIR}/${1:?component}.log" ;;
   *)
-    sed -n '2,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,33p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
     exit 2
     ;;
 esac

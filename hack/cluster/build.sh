@@ -5,6 +5,9 @@
 #                                 kube-scheduler, kubelet, kubectl and the
 #                                 sample-device-plugin from k8s.io/kubernetes
 #   hack/cluster/build.sh etcd    etcd + etcdctl from go.etcd.io/etcd modules
+#   hack/cluster/build.sh containerd
+#                                 containerd, containerd-shim-runc-v2 and ctr from
+#                                 the github.com/containerd/containerd module (CDI)
 #   hack/cluster/build.sh all
 #
 # Outputs go to ${GPU_SHARE_CACHE:-$HOME/.cache/gpu-share}/<name>-<version>/bin
@@ -19,9 +22,13 @@ LOG_PREFIX=build
 CACHE_DIR="${GPU_SHARE_CACHE:-$HOME/.cache/gpu-share}"
 K8S_VERSION="${K8S_VERSION:-v1.34.4}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
+# 1.7 is the newest line that still reads the version-2 config of
+# hack/templates/containerd-config.toml and supports cgroup v1 fully; it has CDI.
+CONTAINERD_VERSION="${CONTAINERD_VERSION:-v1.7.35}"
 
 k8s_dir() { echo "${CACHE_DIR}/k8s-${K8S_VERSION}"; }
 etcd_dir() { echo "${CACHE_DIR}/etcd-${ETCD_VERSION}"; }
+containerd_dir() { echo "${CACHE_DIR}/containerd-${CONTAINERD_VERSION}"; }
 
 go_env() {
   export CGO_ENABLED=0
@@ -91,11 +98,44 @@ build_etcd() {
   log "etcd binaries in ${dir}/bin: $(find "${dir}/bin" -maxdepth 1 -type f -printf '%f ')"
 }
 
+# Built inside the published module itself (downloaded into the module cache), so its
+# own go.mod/go.sum pick every dependency: `go install pkg@version` refuses this module
+# (its go.mod has an exclude directive) and a wrapper module would resolve differently.
+# CGO_ENABLED=0 leaves out the btrfs snapshotter (cgo only; disabled in the config), as
+# containerd's own static shim build does.
+build_containerd() {
+  local dir; dir="$(containerd_dir)"
+  if [[ -f "${dir}/.stamp" ]]; then
+    log "containerd ${CONTAINERD_VERSION} already built in ${dir}"
+    return 0
+  fi
+  go_env
+  mkdir -p "${dir}"
+  rm -rf "${dir}/bin.tmp"
+  mkdir -p "${dir}/bin.tmp"
+  local m=github.com/containerd/containerd src
+  src="$(go mod download -json "${m}@${CONTAINERD_VERSION}" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$/\1/p')"
+  [[ -n "${src}" && -f "${src}/go.mod" ]] || die "could not download ${m}@${CONTAINERD_VERSION}"
+  local ld="-s -w -X ${m}/version.Version=${CONTAINERD_VERSION} -X ${m}/version.Revision=module"
+  local start=$SECONDS
+  # shellcheck disable=SC2016 # the inner script expands its own positional parameters
+  run_with_progress "building containerd ${CONTAINERD_VERSION}" "${dir}/build.log" \
+    bash -c 'cd "$0" && exec go build -v -trimpath -ldflags="$1" -o "$2" \
+      ./cmd/containerd ./cmd/containerd-shim-runc-v2 ./cmd/ctr' \
+    "${src}" "${ld}" "${dir}/bin.tmp/"
+  rm -rf "${dir:?}/bin"
+  mv "${dir}/bin.tmp" "${dir}/bin"
+  echo "built $(date -u +%FT%TZ) in $(( SECONDS - start ))s" >"${dir}/.stamp"
+  log "containerd binaries in ${dir}/bin: $(find "${dir}/bin" -maxdepth 1 -type f -printf '%f ')"
+}
+
 case "${1:-all}" in
   k8s) build_k8s ;;
   etcd) build_etcd ;;
-  all) build_etcd; build_k8s ;;
+  containerd) build_containerd ;;
+  all) build_etcd; build_k8s; build_containerd ;;
   k8s-dir) k8s_dir ;;
   etcd-dir) etcd_dir ;;
-  *) echo "usage: $0 k8s|etcd|all|k8s-dir|etcd-dir" >&2; exit 2 ;;
+  containerd-dir) containerd_dir ;;
+  *) echo "usage: $0 k8s|etcd|containerd|all|k8s-dir|etcd-dir|containerd-dir" >&2; exit 2 ;;
 esac

@@ -60,6 +60,20 @@ class _Session:
     problem: str | None = None
 
 
+def _story(item: pytest.Item) -> int:
+    """The story number of ``test_<n>_*.py`` (test_10 after test_9, not before test_1)."""
+    digits = item.path.name.removeprefix("test_").split("_", 1)[0]
+    return int(digits) if digits.isdigit() else 0
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Stories run in their numeric order, in the slots e2e items already hold."""
+    slots = [i for i, it in enumerate(items) if "/tests/e2e/" in str(it.path)]
+    ordered = sorted((items[i] for i in slots), key=_story)  # stable within a file
+    for i, it in zip(slots, ordered, strict=True):
+        items[i] = it
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """When e2e stories are selected: build the image (before the lock: it does not need
     the cluster), then wait for the cluster lock. Done here, not in a fixture, so neither

@@ -618,6 +618,10 @@ class NodeAgent:
             " empty, running containers are re-adopted from PodResources",
         )
 
+    def warn_node(self, reason: str, message: str) -> None:
+        """A Warning Event on this node (what the agent could not do)."""
+        self._ledger_event(reason, message)
+
     def _ledger_event(self, reason: str, message: str) -> None:
         if self._publisher is not None:
             text = message if len(message) <= 1000 else message[:1000] + "..."

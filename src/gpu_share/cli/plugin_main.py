@@ -23,12 +23,13 @@ from collections.abc import Mapping, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from gpu_share.agent.cdi import CdiSpecWriter
 from gpu_share.agent.instance_lock import InstanceLock, InstanceLockError
 from gpu_share.agent.node_agent import AgentMetrics, DeviceRow, NodeAgent
 from gpu_share.agent.ports import PodSource, Publisher
 from gpu_share.config.loader import InvalidConfigError, load_config
 from gpu_share.config.model import AgentConfig
-from gpu_share.devices.base import Device
+from gpu_share.devices.base import Device, RuntimeNaming
 from gpu_share.devices.factory import start_backend
 from gpu_share.errors import ConfigError, DeviceBackendError, GpuShareError, KubeAccessError
 from gpu_share.observability.http import HttpHandle, start_http
@@ -266,6 +267,7 @@ class _Node:
         self.pr: PodResourcesClient | None = None
         self.agent: NodeAgent | None = None
         self.manager: PluginManager | None = None
+        self.cdi: CdiSpecWriter | None = None
         self.http: HttpHandle | None = None
         self._seen: dict[str, int] = {}
         self._trimmed = False
@@ -315,6 +317,8 @@ class _Node:
             agent.start()
 
         interruptible(start_agent, stop, name="agent-start")
+        # Before any device is advertised: CDI names in a response must resolve.
+        self._write_cdi_spec(backend.devices(), backend.naming())
         manager = self.manager = PluginManager(agent.handlers(), cfg.kubelet.device_plugin_dir)
         if cfg.metrics.enabled:
             # Before any socket is served: a port clash must not leave the kubelet with a
@@ -362,6 +366,22 @@ class _Node:
                 self._seen[name] = p.registrations
         self.stop.wait(manager.settings.poll_interval_s)
 
+    def _write_cdi_spec(self, devices: Sequence[Device], naming: RuntimeNaming) -> None:
+        """The CDI spec of this node's devices (pools with a CDI device-list strategy;
+        nothing otherwise). A failure is reported, not fatal: exiting would crash-loop
+        the agent, while containers of a CDI pool fail to start with a clear error."""
+        self.cdi = CdiSpecWriter(self.cfg, list(devices), naming)
+        try:
+            self.cdi.write()
+        except OSError as exc:
+            log.error("cannot write the CDI spec %s: %s", self.cdi.path, exc,
+                      extra={"reason": "CdiSpecUnwritable"})
+            self.metrics.loop_errors_total.labels(loop="cdi-spec").inc()
+            if self.agent is not None:
+                self.agent.warn_node(
+                    "CdiSpecUnwritable", f"cannot write the CDI spec {self.cdi.path}: {exc}"
+                )
+
     def shutdown(self) -> None:
         log.info("shutting down")
         self.stop.set()
@@ -373,6 +393,10 @@ class _Node:
                 log.warning("a ListAndWatch stream did not take the unhealthy device list"
                             " within %.1fs", DRAIN_TIMEOUT_S)
             self.manager.stop(PLUGINS_STOP_TIMEOUT_S)
+        if self.cdi is not None:
+            # Transient spec: an uninstall leaves none; the next agent writes it again.
+            with contextlib.suppress(OSError):
+                self.cdi.remove()
         self.loops.stop_event.set()
         if self.agent is not None:
             self.agent.stop(AGENT_STOP_TIMEOUT_S)
