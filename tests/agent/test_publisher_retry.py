@@ -16,47 +16,57 @@ from tests.support.kubelet_stub import wait_until
 
 
 class _FlakyApi:
-    """Fails every call while ``down`` is set, like a client whose server is away."""
+    """Fails every call while ``down`` is set, like a client whose server is away:
+    raising, or (``quiet``, as KubePublisher does) logging it and answering False."""
 
-    def __init__(self) -> None:
+    def __init__(self, quiet: bool = False) -> None:
+        self.quiet = quiet
         self.down = threading.Event()
         self.pods: list[tuple[str, str, Mapping[str, str | None]]] = []
         self.nodes: list[Mapping[str, str | None]] = []
         self.events: list[str] = []
         self.calls = 0
 
-    def _call(self) -> None:
+    def _call(self) -> bool:
         self.calls += 1
         if self.down.is_set():
+            if self.quiet:
+                return False
             raise KubeAccessError("connection refused")
+        return True
 
-    def annotate_node(self, node_name: str, annotations: Mapping[str, str | None]) -> None:
-        self._call()
+    def annotate_node(self, node_name: str, annotations: Mapping[str, str | None]) -> bool:
+        if not self._call():
+            return False
         self.nodes.append(dict(annotations))
+        return True
 
     def annotate_pod(
         self, namespace: str, name: str, annotations: Mapping[str, str | None]
-    ) -> None:
-        self._call()
+    ) -> bool:
+        if not self._call():
+            return False
         self.pods.append((namespace, name, dict(annotations)))
+        return True
 
     def pod_event(
         self, namespace: str, name: str, *, reason: str, message: str, warning: bool
     ) -> None:
-        self._call()
-        self.events.append(reason)
+        if self._call():
+            self.events.append(reason)
 
     def node_event(self, node_name: str, *, reason: str, message: str, warning: bool) -> None:
-        self._call()
-        self.events.append(reason)
+        if self._call():
+            self.events.append(reason)
 
 
+@pytest.mark.parametrize("quiet", [False, True], ids=["raises", "answers-false"])
 def test_failed_annotations_are_written_when_the_server_is_back(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, quiet: bool
 ) -> None:
     monkeypatch.setattr(publisher_mod, "RETRY_FIRST_S", 0.05)
     monkeypatch.setattr(publisher_mod, "RETRY_MAX_S", 0.2)
-    api = _FlakyApi()
+    api = _FlakyApi(quiet)
     api.down.set()
     pub = BackgroundPublisher(
         api, "node-a", lambda: {"inv": "1"}, lambda ns, n: {"assign": f"{ns}/{n}"}

@@ -30,11 +30,12 @@ class PodSource(Protocol):
 
 
 class Publisher(Protocol):
-    def annotate_node(self, node_name: str, annotations: Mapping[str, str | None]) -> None: ...
+    # True: written or nothing to write; False: not written now (retried later).
+    def annotate_node(self, node_name: str, annotations: Mapping[str, str | None]) -> bool: ...
 
     def annotate_pod(
         self, namespace: str, name: str, annotations: Mapping[str, str | None]
-    ) -> None: ...
+    ) -> bool: ...
 
     def pod_event(
         self, namespace: str, name: str, *, reason: str, message: str, warning: bool

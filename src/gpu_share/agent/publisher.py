@@ -191,8 +191,8 @@ class BackgroundPublisher:
         """True when ``fn`` succeeded; a failure is logged and counted, never raised."""
         ok = False
         try:
-            fn(*args, **kw)
-            ok = True
+            # A target answers False for a write it could not make (and logged).
+            ok = fn(*args, **kw) is not False
         except Exception as exc:  # publishing must never take the agent down
             log.warning("%s failed: %s", what, describe_error(exc))
             if self._on_error is not None:

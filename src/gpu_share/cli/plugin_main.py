@@ -196,15 +196,15 @@ class _LazyKube:
         return self._pods().list_node_pods(node_name)
 
     # Publisher (the agent publishes from a background thread; waiting there is fine)
-    def annotate_node(self, node_name: str, annotations: Mapping[str, str | None]) -> None:
-        if (p := self._pub()) is not None:
-            p.annotate_node(node_name, annotations)
+    def annotate_node(self, node_name: str, annotations: Mapping[str, str | None]) -> bool:
+        p = self._pub()
+        return True if p is None else p.annotate_node(node_name, annotations)
 
     def annotate_pod(
         self, namespace: str, name: str, annotations: Mapping[str, str | None]
-    ) -> None:
-        if (p := self._pub()) is not None:
-            p.annotate_pod(namespace, name, annotations)
+    ) -> bool:
+        p = self._pub()
+        return True if p is None else p.annotate_pod(namespace, name, annotations)
 
     def pod_event(
         self, namespace: str, name: str, *, reason: str, message: str, warning: bool

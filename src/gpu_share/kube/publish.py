@@ -80,10 +80,12 @@ class KubePublisher:
 
     # -- annotations
 
-    def annotate_node(self, node_name: str, annotations: Mapping[str, str | None]) -> None:
+    def annotate_node(self, node_name: str, annotations: Mapping[str, str | None]) -> bool:
+        """True when written (or nothing to write); False when it could not be: the
+        caller writes it again later (annotations are state)."""
         if not annotations:
-            return
-        self._guarded(
+            return True
+        return self._guarded(
             "annotate_node",
             f"annotate node {node_name}",
             self._api.patch,
@@ -93,15 +95,17 @@ class KubePublisher:
 
     def annotate_pod(
         self, namespace: str, name: str, annotations: Mapping[str, str | None]
-    ) -> None:
+    ) -> bool:
+        """As ``annotate_node``; a pod that is gone (404) counts as done."""
         if not annotations:
-            return
-        self._guarded(
+            return True
+        return self._guarded(
             "annotate_pod",
             f"annotate pod {namespace}/{name}",
             self._api.patch,
             f"/api/v1/namespaces/{quote_name(namespace)}/pods/{quote_name(name)}",
             _annotation_patch(annotations),
+            gone_ok=True,
         )
 
     def node_annotations(self, node_name: str) -> dict[str, str] | None:
@@ -223,13 +227,16 @@ class KubePublisher:
 
     def _guarded(
         self, kind: str, op: str, fn: Callable[[str, str, Any], Any], path: str, body: Any,
-        *, not_found_ok: bool = False,
+        *, not_found_ok: bool = False, gone_ok: bool = False,
     ) -> bool:
         """Run one write (``fn(op, path, body)``); True on success. Never raises (see
-        module doc)."""
+        module doc). A 404 answers False quietly with ``not_found_ok``, True with
+        ``gone_ok`` (nothing left to write)."""
         try:
             fn(op, path, body)
         except ApiError as e:
+            if gone_ok and e.status == 404:
+                return True
             if not_found_ok and e.status == 404:
                 return False
             self._failed(kind, e)
