@@ -230,24 +230,24 @@ def test_containerd_injects_a_hand_written_spec(
 
 
 def test_containerd_injects_the_agents_spec(cluster: Cluster, ns: str, tmp_path: Path) -> None:
-    """What ``CdiSpecWriter`` writes is what the runtime injects; ``remove`` leaves none."""
+    """The agent writes its spec at start (what ``CdiSpecWriter`` renders), the runtime
+    injects it, and a clean exit removes it."""
     cfg = _agent_config("cdi-cri")
     backend = DummyBackend(cfg.dummy, cluster.node)
-    writer = CdiSpecWriter(cfg, backend.devices(), backend.naming())
-    path = writer.write()
-    assert path is not None and path.parent == CDI_DIR
-    assert oct(path.stat().st_mode & 0o777) == oct(0o644)
+    path = CdiSpecWriter(cfg, backend.devices(), backend.naming()).path
+    path.unlink(missing_ok=True)
     agent = Agent(cluster, tmp_path, "cdi-cri")
     agent.start()
     try:
+        assert path.parent == CDI_DIR and path.exists(), "the agent wrote no CDI spec"
+        assert oct(path.stat().st_mode & 0o777) == oct(0o644)
         cluster.apply(_pod(ns, "one", 2, 0))
         env, dev, uuids = _seen(cluster, ns, "one")
         _check_exactly(env, dev, uuids, cluster.node, ENV_CDI_DEVICE_PREFIX, "dummy-npu")
         assert "dummy-npuctl" in dev  # the spec-wide shared node
     finally:
         agent.stop()
-        assert writer.remove()
-    assert not path.exists()
+    assert not path.exists(), "the agent's clean exit left its CDI spec"
 
 
 def test_containerd_16_ignores_cdi(

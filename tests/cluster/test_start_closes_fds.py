@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import REPO
+from tests.harness import REPO, wait_until
 
 
 @pytest.mark.skipif(shutil.which("flock") is None, reason="flock(1) missing")
@@ -28,8 +28,11 @@ start sleeper sleep 60
     subprocess.run(["bash", "-c", script], env=env, check=True, timeout=30, capture_output=True)
     pid = int((tmp_path / "cluster/run/sleeper.pid").read_text())
     try:
-        # The recorded pid is the daemon itself (setsid execs in place).
-        assert Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0] == b"sleep"
+        # The recorded pid is the daemon itself (setsid execs in place; on a busy machine
+        # the exec may not have happened yet when the pid file is read).
+        cmd = Path(f"/proc/{pid}/cmdline")
+        assert wait_until("setsid to exec", lambda: cmd.read_bytes().split(b"\0")[0] == b"sleep",
+                          10, interval=0.05, fail=False), cmd.read_bytes()
         held = {os.readlink(f) for f in Path(f"/proc/{pid}/fd").iterdir()}
         assert str(lock) not in held
         free = subprocess.run(["flock", "-n", str(lock), "true"], timeout=10)
