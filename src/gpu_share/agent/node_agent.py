@@ -523,7 +523,7 @@ class NodeAgent:
             extra={"configured_mib": want, "in_use_mib": old.unit_mib,
                    "entries": len(old.entries)},
         )
-        self._ledger_event(
+        self.warn_node(
             "MemoryUnitChangeDeferred",
             f"memoryUnitMiB {want} is configured but {len(old.entries)} slice(s) were cut in"
             f" {old.unit_mib} MiB units: the node keeps advertising {old.unit_mib} MiB units"
@@ -586,7 +586,7 @@ class NodeAgent:
         for a in anomalies[:5]:
             log.warning("ledger inconsistent: %s", a.message, extra={"reason": a.reason})
         if anomalies:
-            self._ledger_event(
+            self.warn_node(
                 "LedgerInconsistent",
                 f"{len(anomalies)} ledger entr{'y' if len(anomalies) == 1 else 'ies'} cannot"
                 f" be true on this node, kept until PodResources corrects them (their units"
@@ -612,7 +612,7 @@ class NodeAgent:
             " every running container",
             extra={"reason": exc.reason, "error": exc.message, "moved_to": str(moved)},
         )
-        self._ledger_event(
+        self.warn_node(
             "LedgerQuarantined",
             f"ledger unreadable ({exc.reason}: {exc.message}); moved to {moved}; starting"
             " empty, running containers are re-adopted from PodResources",
@@ -620,9 +620,6 @@ class NodeAgent:
 
     def warn_node(self, reason: str, message: str) -> None:
         """A Warning Event on this node (what the agent could not do)."""
-        self._ledger_event(reason, message)
-
-    def _ledger_event(self, reason: str, message: str) -> None:
         if self._publisher is not None:
             text = message if len(message) <= 1000 else message[:1000] + "..."
             self._publisher.event(None, self.cfg.node_name, reason=reason, message=text,
@@ -690,7 +687,7 @@ class NodeAgent:
         if not self._persist_failing:
             self._persist_failing = True
             log.error("ledger not written: %s", exc, extra={"reason": exc.reason})
-            self._ledger_event(exc.reason, f"ledger not written: {exc.message}")
+            self.warn_node(exc.reason, f"ledger not written: {exc.message}")
 
     def _write_ok(self) -> None:
         if self._persist_failing:
