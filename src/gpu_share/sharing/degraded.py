@@ -2,7 +2,9 @@
 
 A blind decision of one kind may be paired with the next call of the other kind (the
 kubelet admits one container's resources back to back), within a time window and only
-while no newer pod appeared in PodResources.
+while no newer pod appeared in PodResources. The first half goes where the other kind,
+whose amount the call cannot know, has the most room, so that the second half fits the
+same device; when it does not, the engine refuses it rather than split the container.
 """
 
 from __future__ import annotations
@@ -12,6 +14,31 @@ from collections.abc import Sequence
 from gpu_share.sharing.ids import parse_unit_ids
 from gpu_share.sharing.ledger import Ledger, LedgerEntry, PodKey
 from gpu_share.sharing.model import ContainerRef, PodResourcesView, ResourceKind
+from gpu_share.sharing.policy import DeviceState, PlacementPolicy
+
+
+class BlindChoice:
+    """The node policy for the first half of a blind decision of ``kind``: only among
+    the fitting devices with the most free units of the other kind."""
+
+    def __init__(self, inner: PlacementPolicy, kind: ResourceKind) -> None:
+        self.name = inner.name
+        self._inner = inner
+        self._other = kind.other
+
+    def choose(
+        self, candidates: Sequence[DeviceState], memory_units: int, cores: int
+    ) -> DeviceState | None:
+        if not candidates:
+            return None
+        room = [self._room(d) for d in candidates]
+        most = max(room)
+        return self._inner.choose(
+            [d for d, r in zip(candidates, room, strict=True) if r == most], memory_units, cores
+        )
+
+    def _room(self, d: DeviceState) -> int:
+        return d.cores_free if self._other is ResourceKind.CORE else d.memory_free
 
 
 class BlindPairing:

@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Literal
 
 from gpu_share.config.model import PlacementPolicyName
-from gpu_share.errors import AllocationError, IdentityError
+from gpu_share.errors import AllocationError, AllocationReason, IdentityError
 from gpu_share.sharing import choose, identity, reconcile
 from gpu_share.sharing.annotations import (
     ContainerAssignment,
@@ -29,7 +29,7 @@ from gpu_share.sharing.annotations import (
     PodAssignment,
 )
 from gpu_share.sharing.decision import DecisionError, decision_key, verify
-from gpu_share.sharing.degraded import BlindPairing
+from gpu_share.sharing.degraded import BlindChoice, BlindPairing
 from gpu_share.sharing.inventory import Inventory
 from gpu_share.sharing.ledger import (
     DeviceUsage,
@@ -442,14 +442,24 @@ class AllocationEngine:
         if partner is not None:
             try:
                 return self._extend(partner, kind, size, available, now)
-            except AllocationError:
-                pass
+            except AllocationError as exc:
+                # Its other half is on that device: another device would split the
+                # container (a device it is told of without that kind's limit).
+                raise AllocationError(
+                    f"{exc.message}; the container's {kind.other.value} was placed there "
+                    "while its pod was unknown, and one container needs one device",
+                    reason=AllocationReason.SPLIT_ACROSS_DEVICES,
+                ) from exc
         req = ContainerRequest().with_amount(kind, size)
         ref = self.ledger.next_synthetic_ref(kind)
         check_request(req, None, str(ref))
         self._blind.remember(ref, self.ledger)
         probe = LedgerEntry(ref, req, (), EntrySource.DEGRADED, now, now)
-        return replace(probe, shares=self._decide(probe, kind, available, must_include))
+        blind = BlindChoice(self.policy, kind)
+        return replace(
+            probe, shares=choose.decide(probe, kind, available, must_include,
+                                        self._inventory, self.ledger, blind)
+        )
 
     def _decide(
         self,

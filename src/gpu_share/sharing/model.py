@@ -22,6 +22,10 @@ class ResourceKind(StrEnum):
     MEMORY = "memory"  # memory units of ``memoryUnitMiB`` each
     CORE = "core"  # percent of one device's cores; 100 per device
 
+    @property
+    def other(self) -> ResourceKind:
+        return ResourceKind.CORE if self is ResourceKind.MEMORY else ResourceKind.MEMORY
+
 
 @dataclass(frozen=True)
 class PerKind(Generic[T]):
