@@ -30,6 +30,8 @@
 #   GPU_SHARE_UP_TIMEOUT   seconds to wait for each component (default 180)
 #   GPU_SHARE_CONTAINERD   built (default: containerd 1.7 built from its Go module, with
 #                          CDI) or system (Debian's /usr/bin/containerd 1.6, no CDI)
+#   GPU_SHARE_FEATURE_GATES  --feature-gates of every component (default
+#                          DRAConsumableCapacity=true, for the DRA mode)
 # Config files are rendered from hack/templates/. See docs/local-cluster.md.
 set -euo pipefail
 
@@ -46,6 +48,9 @@ NODE_NAME="${GPU_SHARE_NODE_NAME:-gpu-share-node}"
 # shellcheck disable=SC2034 # POD_CIDR, like the other settings, is read by render
 POD_CIDR="${GPU_SHARE_POD_CIDR:-10.88.77.0/24}"
 UP_TIMEOUT="${GPU_SHARE_UP_TIMEOUT:-180}"
+# DRA with consumable capacity (KEP-5075, alpha in 1.34) for gpu-share's DRA mode; the
+# device-plugin mode does not depend on it. Same gates on every component.
+FEATURE_GATES="${GPU_SHARE_FEATURE_GATES:-DRAConsumableCapacity=true}"
 SERVICE_CIDR="10.0.0.0/24"
 SERVICE_IP="10.0.0.1"
 API_PORT=6443
@@ -310,6 +315,7 @@ start_apiserver() {
     --api-audiences="https://kubernetes.default.svc.cluster.local" \
     --authorization-mode=Node,RBAC \
     --enable-admission-plugins=NodeRestriction \
+    --feature-gates="${FEATURE_GATES}" \
     --allow-privileged=true \
     --profiling=false \
     --v=1
@@ -332,6 +338,7 @@ start_controller_manager() {
     --cluster-signing-key-file="${PKI_DIR}/ca.key" \
     --service-cluster-ip-range="${SERVICE_CIDR}" \
     --allocate-node-cidrs=false \
+    --feature-gates="${FEATURE_GATES}" \
     --v=1
 }
 
@@ -344,6 +351,7 @@ start_scheduler() {
     --bind-address=127.0.0.1 \
     --secure-port=10259 \
     --leader-elect=false \
+    --feature-gates="${FEATURE_GATES}" \
     --v=1
 }
 
@@ -381,6 +389,7 @@ start_kubelet() {
     --root-dir="${KUBELET_ROOT_DIR}" \
     --cert-dir="${PKI_DIR}/kubelet" \
     --hostname-override="${NODE_NAME}" \
+    --feature-gates="${FEATURE_GATES}" \
     --v=2
 }
 

@@ -1,0 +1,1 @@
+"""DRA front-end: the kubelet DRA plugin (registration + NodePrepare/Unprepare) over gRPC."""

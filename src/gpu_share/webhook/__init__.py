@@ -1,0 +1,1 @@
+"""Admission front-end: the mutating webhook that turns vcuda limits into ResourceClaims."""
