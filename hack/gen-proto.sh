@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerate src/gpu_share/plugin/proto/*_pb2*.py from proto/ (needs grpcio-tools).
+# Regenerate src/gpu_share/{plugin,dra}/proto/*_pb2*.py from proto/ (needs grpcio-tools).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exec python -m gpu_share.plugin.protogen "$@"

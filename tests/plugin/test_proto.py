@@ -12,7 +12,7 @@ from gpu_share.plugin.proto import deviceplugin_v1beta1_pb2_grpc as dp_grpc
 from gpu_share.plugin.proto import podresources_v1_pb2 as pr
 from gpu_share.plugin.proto import podresources_v1_pb2_grpc as pr_grpc
 
-PKG_DIR = Path(protogen.__file__).parent / "proto"
+SRC_ROOT = Path(protogen.__file__).resolve().parents[2]
 
 
 def test_both_protos_live_in_one_process_under_distinct_names() -> None:
@@ -112,9 +112,12 @@ def test_allocate_response_wire_bytes() -> None:
 def test_regeneration_is_byte_identical(tmp_path: Path) -> None:
     pytest.importorskip("grpc_tools")
     written = protogen.generate(tmp_path)
-    assert sorted(p.name for p in written) == sorted(protogen.generated_names())
+    expected = protogen.generated_paths()
+    assert sorted(p.relative_to(tmp_path) for p in written) == sorted(expected)
+    # Both front-ends' stubs, device plugin and DRA, are covered.
+    assert {rel.parts[1] for rel in expected} == {"plugin", "dra"}
     for path in written:
-        committed = PKG_DIR / path.name
+        committed = SRC_ROOT / path.relative_to(tmp_path)
         assert committed.read_bytes() == path.read_bytes(), (
             f"{committed} differs from fresh protoc output: run hack/gen-proto.sh"
         )

@@ -1,9 +1,11 @@
 """Regenerate the Python stubs of the kubelet protos (``python -m gpu_share.plugin.protogen``).
 
-The ``.proto`` sources live in ``proto/gpu_share/plugin/proto/``; protoc run with
-``-I proto`` writes the modules to ``<out>/gpu_share/plugin/proto/`` with imports that
-already name ``gpu_share.plugin.proto``, so nothing is edited after generation and the
-output is byte-for-byte reproducible with one grpcio-tools version (a test checks it).
+The ``.proto`` sources live in ``proto/gpu_share/<front-end>/proto/`` (device plugin and
+PodResources under ``plugin``, DRA and plugin registration under ``dra``); protoc run
+with ``-I proto`` writes each module next to its package, ``<out>/gpu_share/<front-end>/
+proto/``, with imports that already name that package, so nothing is edited after
+generation and the output is byte-for-byte reproducible with one grpcio-tools version
+(a test checks it).
 Needs grpcio-tools (a test dependency), imported only here.
 """
 
@@ -16,19 +18,26 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[3]
 PROTO_ROOT = REPO_ROOT / "proto"
 PACKAGE_DIR = Path("gpu_share", "plugin", "proto")
+DRA_PACKAGE_DIR = Path("gpu_share", "dra", "proto")
 PROTO_FILES = (
     PACKAGE_DIR / "deviceplugin_v1beta1.proto",
     PACKAGE_DIR / "podresources_v1.proto",
+    DRA_PACKAGE_DIR / "dra_v1.proto",
+    DRA_PACKAGE_DIR / "dra_v1beta1.proto",
+    DRA_PACKAGE_DIR / "pluginregistration_v1.proto",
 )
 
 
-def generated_names() -> list[str]:
-    """File names protoc writes into the package dir for ``PROTO_FILES``."""
-    names: list[str] = []
+def generated_paths() -> list[Path]:
+    """Paths, relative to the output root, protoc writes for ``PROTO_FILES``."""
+    paths: list[Path] = []
     for proto in PROTO_FILES:
         stem = proto.stem
-        names += [f"{stem}_pb2.py", f"{stem}_pb2.pyi", f"{stem}_pb2_grpc.py"]
-    return names
+        paths += [
+            proto.parent / name
+            for name in (f"{stem}_pb2.py", f"{stem}_pb2.pyi", f"{stem}_pb2_grpc.py")
+        ]
+    return paths
 
 
 def generate(out_root: Path, proto_root: Path = PROTO_ROOT) -> list[Path]:
@@ -48,7 +57,7 @@ def generate(out_root: Path, proto_root: Path = PROTO_ROOT) -> list[Path]:
     rc = protoc.main(args)
     if rc != 0:
         raise RuntimeError(f"protoc failed with exit code {rc}: {' '.join(args)}")
-    written = [out_root / PACKAGE_DIR / name for name in generated_names()]
+    written = [out_root / rel for rel in generated_paths()]
     missing = [str(p) for p in written if not p.is_file()]
     if missing:
         raise RuntimeError(f"protoc did not write {missing}")
@@ -61,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         "--out",
         type=Path,
         default=REPO_ROOT / "src",
-        help="root to write gpu_share/plugin/proto/ under (default: the repo's src/)",
+        help="root to write gpu_share/{plugin,dra}/proto/ under (default: the repo's src/)",
     )
     ns = parser.parse_args(argv)
     for path in generate(ns.out):
