@@ -65,6 +65,7 @@ class ProblemKind(StrEnum):
 
     XID_CONFLICT = "xid_conflict"
     INVALID_DOMAIN = "invalid_domain"
+    INVALID_DRIVER_NAME = "invalid_driver_name"
     DEVICE_SMALLER_THAN_UNIT = "device_smaller_than_unit"
     DEVICE_LIST_TOO_LARGE = "device_list_too_large"
 
@@ -310,6 +311,55 @@ class PublishConfig(_Strict):
     events: bool = True
 
 
+def dns_subdomain_problem(name: str, max_length: int = DNS_SUBDOMAIN_MAX) -> str:
+    """Why ``name`` is no DNS subdomain (RFC 1123, lowercase) of at most ``max_length``
+    characters; "" when it is one."""
+    if not name:
+        return "must not be empty"
+    if len(name) > max_length:
+        return f"is {len(name)} characters long, at most {max_length} are allowed"
+    for n, label in enumerate(name.split("."), start=1):
+        if len(label) > DNS_LABEL_MAX:
+            return f"label {n} is {len(label)} characters long, at most {DNS_LABEL_MAX}"
+        if not _DNS_LABEL.match(label):
+            return (
+                f"label {n} is not a DNS label (lowercase letters, digits and '-', "
+                "starting and ending with a letter or digit)"
+            )
+    return ""
+
+
+# The transient CDI spec dir of the runtime (sharing/cdi.py DYNAMIC_SPEC_DIR: config sits
+# below sharing, so the literal is repeated; a test keeps both equal).
+DEFAULT_CDI_DIR = "/var/run/cdi"
+DEFAULT_DRA_DRIVER = "gpu-share.vendor.com"
+# resource.k8s.io DriverNameMaxLength (the same bound as CSI driver names).
+DRA_DRIVER_NAME_MAX = 63
+
+
+class DraConfig(_Strict):
+    """Kubernetes DRA driver mode (#13): the agent serves NodePrepareResources /
+    NodeUnprepareResources for ResourceClaims allocated from its ResourceSlice."""
+
+    enabled: bool = False
+    # The DRA driver name (ResourceSlice spec.driver, DeviceClass selector, CDI vendor).
+    driver_name: str = DEFAULT_DRA_DRIVER
+    # Holds the DRA service socket (dra.sock) and the prepared-claims checkpoint.
+    plugin_dir: str = f"/var/lib/kubelet/plugins/{DEFAULT_DRA_DRIVER}"
+    # Where the kubelet looks for plugin registration sockets.
+    registration_dir: str = "/var/lib/kubelet/plugins_registry"
+    # Where each prepared claim's CDI spec is written (the runtime's transient dir).
+    cdi_dir: str = DEFAULT_CDI_DIR
+
+    @field_validator("driver_name")
+    @classmethod
+    def _driver(cls, v: str) -> str:
+        why = dns_subdomain_problem(v, DRA_DRIVER_NAME_MAX)
+        if why:
+            raise PydanticCustomError(ProblemKind.INVALID_DRIVER_NAME.value, "driverName " + why)
+        return v
+
+
 class AgentConfig(_Strict):
     """Root of the config file."""
 
@@ -331,3 +381,4 @@ class AgentConfig(_Strict):
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     publish: PublishConfig = Field(default_factory=PublishConfig)
+    dra: DraConfig = Field(default_factory=DraConfig)

@@ -1,0 +1,419 @@
+"""The agent's side of DRA's NodePrepareResources / NodeUnprepareResources (#13):
+``DraClaimPreparer`` implements ``agent.dra_ports.ClaimPreparer``.
+
+Prepare, per claim: read it (one GET), check that it is the claim the kubelet means
+(uid), read our devices and shares in it (``sharing.dra_claims``), build the runtime
+response with the device-plugin mode's builder (``agent.response.build``) and write it as
+one CDI spec for the claim (atomic, 0644, ``<cdiDir>/<driver>-claim_<uid>.json``), then
+record the answer in the checkpoint (``<pluginDir>/checkpoint.json``, atomic).
+
+- Idempotent: a claim in the checkpoint answers from it, with no API read, also after a
+  restart (its CDI spec is written again if it is gone, e.g. /var/run after a reboot).
+- Unprepare needs the uid only: the spec file and the checkpoint entry go (and the
+  hami-core cache dir of the claim); an unknown uid is done.
+- A corrupt or unknown checkpoint is renamed aside (``checkpoint.json.corrupt-<time>``)
+  with an error log line, and the agent starts with none: claims are then read again.
+- Thread-safe: the kubelet may call for several claims at once. One claim's work is
+  serialised by a lock of its uid; the checkpoint by one lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from gpu_share.agent.cdi import SPEC_MODE
+from gpu_share.agent.dra_ports import ClaimRef, PreparedDevice, PrepareResult
+from gpu_share.agent.hostdirs import HostDirs
+from gpu_share.agent.response import build
+from gpu_share.config.model import AgentConfig, EnforcementMode, RuntimeConfig
+from gpu_share.devices.base import Device, RuntimeNaming
+from gpu_share.errors import GpuShareError
+from gpu_share.sharing.cdi import uses_cdi
+from gpu_share.sharing.dra_claims import (
+    CLAIM_UID,
+    ParsedClaim,
+    claim_cdi_device_id,
+    claim_cdi_spec,
+    claim_spec_file_name,
+    parse_claim,
+)
+from gpu_share.sharing.inventory import Inventory
+from gpu_share.sharing.ledger import EntrySource, LedgerEntry
+from gpu_share.sharing.model import ContainerRef
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_FILE = "checkpoint.json"
+CHECKPOINT_VERSION = "v1"
+CHECKPOINT_MODE = 0o600
+MAX_CHECKPOINT_BYTES = 16 << 20
+LOCK_STRIPES = 64
+# The claim as the response builder's container: "<claim>/claim" in its slice annotation.
+CLAIM_CONTAINER = "claim"
+
+
+class ClaimSource(Protocol):
+    def get_claim(self, namespace: str, name: str) -> Mapping[str, Any]:
+        """The claim as JSON; raises KubeAccessError (ClaimNotFoundError on 404)."""
+        ...
+
+
+class CheckpointError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """One prepared claim as the checkpoint keeps it."""
+
+    namespace: str
+    name: str
+    devices: tuple[PreparedDevice, ...]
+    spec: Mapping[str, Any]  # the CDI spec written for it
+    host_dir: str = ""  # hami-core cache dir key, "" when none
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "namespace": self.namespace,
+            "name": self.name,
+            "devices": [
+                {
+                    "requests": list(d.requests),
+                    "pool": d.pool,
+                    "device": d.device,
+                    "cdiDeviceIds": list(d.cdi_device_ids),
+                }
+                for d in self.devices
+            ],
+            "spec": self.spec,
+            "hostDir": self.host_dir,
+        }
+
+    @classmethod
+    def from_json(cls, raw: Any) -> _Prepared:
+        if not isinstance(raw, dict) or not isinstance(raw.get("spec"), dict):
+            raise CheckpointError("a claim entry is not an object with a spec")
+        devices = tuple(_device_from_json(d) for d in _list(raw.get("devices")))
+        return cls(
+            namespace=_str(raw.get("namespace")),
+            name=_str(raw.get("name")),
+            devices=devices,
+            spec=raw["spec"],
+            host_dir=_str(raw.get("hostDir", "")),
+        )
+
+
+def _list(v: Any) -> list[Any]:
+    if not isinstance(v, list):
+        raise CheckpointError(f"expected a list, found {type(v).__name__}")
+    return v
+
+
+def _str(v: Any) -> str:
+    if not isinstance(v, str):
+        raise CheckpointError(f"expected a string, found {type(v).__name__}")
+    return v
+
+
+def _device_from_json(raw: Any) -> PreparedDevice:
+    if not isinstance(raw, dict):
+        raise CheckpointError("a device entry is not an object")
+    return PreparedDevice(
+        requests=tuple(_str(r) for r in _list(raw.get("requests"))),
+        pool=_str(raw.get("pool")),
+        device=_str(raw.get("device")),
+        cdi_device_ids=tuple(_str(i) for i in _list(raw.get("cdiDeviceIds"))),
+    )
+
+
+def write_atomic(path: Path, data: bytes, mode: int) -> None:
+    """Replace ``path`` by ``data`` at once (temp file, fsync, rename, fsync the dir)."""
+    path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".gpu-share-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), mode)
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):
+        dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
+def _json_bytes(doc: Any) -> bytes:
+    return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
+
+
+class DraClaimPreparer:
+    """``ClaimPreparer`` of the node agent (see the module docstring).
+
+    ``inventory``: the engine's device table as it is at the call (as for
+    ``response.RuntimeResponses``); ``naming``: the backend's runtime naming.
+    """
+
+    def __init__(
+        self,
+        cfg: AgentConfig,
+        source: ClaimSource,
+        inventory: Callable[[], Inventory],
+        naming: RuntimeNaming,
+        *,
+        host_dirs: HostDirs | None = None,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.cfg = cfg
+        self.driver = cfg.dra.driver_name
+        self.pool = cfg.node_name
+        self.cdi_dir = Path(cfg.dra.cdi_dir)
+        self.checkpoint_path = Path(cfg.dra.plugin_dir) / CHECKPOINT_FILE
+        self._source = source
+        self._inventory = inventory
+        self._naming = naming
+        self._host_dirs = host_dirs
+        self._wall = wall_clock
+        self._lock = threading.Lock()  # _claims and the checkpoint file
+        self._stripes = [threading.Lock() for _ in range(LOCK_STRIPES)]
+        self._claims: dict[str, _Prepared] = self._load()
+
+    # -- ClaimPreparer
+
+    def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
+        return {c.uid: self._prepare_one(c) for c in claims}
+
+    def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
+        return {c.uid: self._unprepare_one(c) for c in claims}
+
+    def prepared(self) -> dict[str, tuple[PreparedDevice, ...]]:
+        """uid -> devices of every prepared claim (status, tests)."""
+        with self._lock:
+            return {uid: p.devices for uid, p in self._claims.items()}
+
+    # -- one claim
+
+    def _stripe(self, uid: str) -> threading.Lock:
+        digest = hashlib.sha256(uid.encode("utf-8", "replace")).digest()
+        return self._stripes[digest[0] % LOCK_STRIPES]
+
+    def _prepare_one(self, ref: ClaimRef) -> PrepareResult:
+        if not CLAIM_UID.match(ref.uid):
+            return PrepareResult(error=f"claim uid {ref.uid[:80]!r} is not a valid name")
+        with self._stripe(ref.uid):
+            with self._lock:
+                known = self._claims.get(ref.uid)
+            try:
+                if known is not None:
+                    self._restore(ref.uid, known)
+                    return PrepareResult(devices=known.devices)
+                return PrepareResult(devices=self._prepare_new(ref))
+            except (GpuShareError, OSError) as exc:
+                log.warning("DRA: cannot prepare claim %s/%s (%s): %s",
+                            ref.namespace, ref.name, ref.uid, exc,
+                            extra={"reason": getattr(exc, "reason", "OSError")})
+                return PrepareResult(error=f"claim {ref.namespace}/{ref.name}: {exc}")
+
+    def _prepare_new(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
+        obj = self._source.get_claim(ref.namespace, ref.name)
+        inv = self._inventory()
+        claim = parse_claim(obj, uid=ref.uid, driver=self.driver, pool=self.pool,
+                            inventory=inv)
+        runtime = self._runtime(claim)
+        host_dir = ""
+        cache: str | None = None
+        if runtime.enforcement is EnforcementMode.HAMI_CORE:
+            host_dir = f"claim_{claim.uid}"
+            cache = self._dirs(runtime).create(host_dir)
+        devices = {d.device.uuid: d.device for d in inv.devices}
+        spec = self._spec(claim, devices, runtime, inv.unit_mib, cache)
+        prepared = _Prepared(
+            namespace=claim.namespace,
+            name=claim.name,
+            devices=tuple(
+                PreparedDevice(
+                    requests=d.requests,
+                    pool=self.pool,
+                    device=d.name,
+                    cdi_device_ids=(claim_cdi_device_id(self.driver, claim.uid, d.name),),
+                )
+                for d in claim.devices
+            ),
+            spec=spec,
+            host_dir=host_dir,
+        )
+        write_atomic(self._spec_path(claim.uid), _json_bytes(spec), SPEC_MODE)
+        self._record(claim.uid, prepared)
+        log.info("DRA: prepared claim %s/%s (%s): %s, enforcement %s", claim.namespace,
+                 claim.name, claim.uid, ", ".join(d.name for d in claim.devices),
+                 runtime.enforcement.value)
+        return prepared.devices
+
+    def _runtime(self, claim: ParsedClaim) -> RuntimeConfig:
+        base = self.cfg.runtime
+        return base.model_copy(update={
+            "enforcement": claim.enforcement or base.enforcement,
+            # CDI names cannot be nested in a CDI spec: the device nodes go in directly.
+            "pass_device_specs": base.pass_device_specs or uses_cdi(base),
+        })
+
+    def _spec(self, claim: ParsedClaim, devices: Mapping[str, Device], runtime: RuntimeConfig,
+              unit_mib: int, cache: str | None) -> dict[str, Any]:
+        entry = LedgerEntry(
+            ref=ContainerRef(claim.namespace, claim.name, CLAIM_CONTAINER, claim.uid),
+            request=claim.request,
+            shares=claim.shares,
+            source=EntrySource.NODE_AGENT,
+            created_at=0.0,
+            updated_at=0.0,
+        )
+        response = build(entry, devices.get, self._naming, runtime, unit_mib,
+                         hami_cache_host_dir=cache,
+                         memory_resource=self.cfg.resources.memory_resource)
+        return claim_cdi_spec(self.driver, claim, devices, response)
+
+    def _restore(self, uid: str, known: _Prepared) -> None:
+        """A prepared claim asked again: what it needs on disk is there again."""
+        if known.host_dir:
+            self._dirs(self.cfg.runtime).create(known.host_dir)
+        path = self._spec_path(uid)
+        if not path.exists():
+            write_atomic(path, _json_bytes(known.spec), SPEC_MODE)
+            log.info("DRA: wrote the CDI spec of claim %s/%s (%s) again from the checkpoint",
+                     known.namespace, known.name, uid)
+
+    def _unprepare_one(self, ref: ClaimRef) -> str:
+        if not CLAIM_UID.match(ref.uid):
+            return ""  # never prepared: no file or entry can carry that name
+        with self._stripe(ref.uid):
+            with self._lock:
+                known = self._claims.get(ref.uid)
+            try:
+                with contextlib.suppress(FileNotFoundError):
+                    self._spec_path(ref.uid).unlink()
+                if known is not None:
+                    self._record(ref.uid, None)
+                    self._release_dir(known)
+                    log.info("DRA: unprepared claim %s/%s (%s)", known.namespace, known.name,
+                             ref.uid)
+            except OSError as exc:
+                log.warning("DRA: cannot unprepare claim %s (%s): %s", ref.name, ref.uid, exc)
+                return f"claim {ref.namespace}/{ref.name}: {exc}"
+        return ""
+
+    def _release_dir(self, known: _Prepared) -> None:
+        if not known.host_dir:
+            return
+        dirs = self._dirs(self.cfg.runtime)
+        try:
+            dirs.trash(known.host_dir)
+            dirs.sweep()
+        except (OSError, ValueError) as exc:  # the container's files: never fatal
+            log.warning("DRA: host dir %s not released: %s", dirs.path(known.host_dir), exc)
+
+    def _dirs(self, runtime: RuntimeConfig) -> HostDirs:
+        if self._host_dirs is None:
+            self._host_dirs = HostDirs(runtime.hami_core.cache_dir)
+            self._host_dirs.ensure_root()
+        return self._host_dirs
+
+    def _spec_path(self, uid: str) -> Path:
+        return self.cdi_dir / claim_spec_file_name(self.driver, uid)
+
+    # -- checkpoint
+
+    def _record(self, uid: str, prepared: _Prepared | None) -> None:
+        """Set (None: drop) one claim and write the checkpoint; on a failed write the
+        memory stays as the file is."""
+        with self._lock:
+            before = self._claims.get(uid)
+            if prepared is None:
+                self._claims.pop(uid, None)
+            else:
+                self._claims[uid] = prepared
+            try:
+                self._write()
+            except OSError:
+                if before is None:
+                    self._claims.pop(uid, None)
+                else:
+                    self._claims[uid] = before
+                raise
+
+    def _write(self) -> None:
+        doc = {
+            "version": CHECKPOINT_VERSION,
+            "driver": self.driver,
+            "claims": {uid: p.to_json() for uid, p in sorted(self._claims.items())},
+        }
+        write_atomic(self.checkpoint_path, _json_bytes(doc), CHECKPOINT_MODE)
+
+    def _load(self) -> dict[str, _Prepared]:
+        try:
+            with self.checkpoint_path.open("rb") as fh:
+                data = fh.read(MAX_CHECKPOINT_BYTES + 1)
+        except FileNotFoundError:
+            return {}
+        except OSError as exc:
+            log.error("DRA: cannot read the checkpoint %s: %s; starting without it",
+                      self.checkpoint_path, exc)
+            return {}
+        try:
+            claims = self._parse_checkpoint(data)
+        except (CheckpointError, ValueError, RecursionError) as exc:
+            self._quarantine(exc)
+            return {}
+        log.info("DRA: %d prepared claim(s) in the checkpoint %s", len(claims),
+                 self.checkpoint_path)
+        return claims
+
+    def _parse_checkpoint(self, data: bytes) -> dict[str, _Prepared]:
+        if len(data) > MAX_CHECKPOINT_BYTES:
+            raise CheckpointError(f"larger than {MAX_CHECKPOINT_BYTES} bytes")
+        doc = json.loads(data)
+        if not isinstance(doc, dict):
+            raise CheckpointError("not a JSON object")
+        if doc.get("version") != CHECKPOINT_VERSION:
+            raise CheckpointError(f"version {str(doc.get('version'))[:40]!r} is not "
+                                  f"{CHECKPOINT_VERSION}")
+        if doc.get("driver") != self.driver:
+            raise CheckpointError(f"written for driver {str(doc.get('driver'))[:80]!r}")
+        raw = doc.get("claims")
+        if not isinstance(raw, dict):
+            raise CheckpointError("claims is not an object")
+        claims = {}
+        for uid, entry in raw.items():
+            if not CLAIM_UID.match(uid):
+                raise CheckpointError(f"claim uid {uid[:80]!r} is not a valid name")
+            claims[uid] = _Prepared.from_json(entry)
+        return claims
+
+    def _quarantine(self, why: Exception) -> None:
+        aside = self.checkpoint_path.with_name(
+            f"{CHECKPOINT_FILE}.corrupt-{int(self._wall())}"
+        )
+        try:
+            os.replace(self.checkpoint_path, aside)
+            moved = f"moved to {aside}"
+        except OSError as exc:
+            moved = f"could not be moved aside ({exc})"
+        log.error("DRA: the checkpoint %s is unusable (%s); %s. Starting without it: "
+                  "prepared claims are read from the API server again",
+                  self.checkpoint_path, why, moved, extra={"reason": "CheckpointCorrupt"})

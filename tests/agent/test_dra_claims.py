@@ -1,0 +1,275 @@
+"""The agent's ClaimPreparer (agent/dra_claims.py, DRA mode #13): the CDI spec per claim
+from the device-plugin response builder, idempotent prepare (also after a restart, with
+no second API read), unprepare by uid, a corrupt checkpoint set aside, concurrent calls."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import stat
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpu_share.agent.dra_claims import CHECKPOINT_FILE, DraClaimPreparer
+from gpu_share.agent.dra_ports import ClaimPreparer, ClaimRef
+from gpu_share.agent.response import build_allocate_spec
+from gpu_share.config.model import AgentConfig
+from gpu_share.devices.dummy import DummyBackend
+from gpu_share.errors import KubeAccessError
+from gpu_share.sharing.inventory import Inventory
+from gpu_share.sharing.ledger import EntrySource, LedgerEntry
+from gpu_share.sharing.model import ContainerRef, ContainerRequest, DeviceShare
+from tests.sharing.test_dra_claims import DRIVER, NODE, UID, claim, opaque, result
+
+UID2 = "5e1d2c3b-aaaa-4bbb-8ccc-0123456789ab"
+
+
+class Claims:
+    """A ClaimSource: claims by (namespace, name), counting the reads."""
+
+    def __init__(self) -> None:
+        self.objs: dict[tuple[str, str], dict[str, Any]] = {}
+        self.reads = 0
+        self.fail: Exception | None = None
+        self._lock = threading.Lock()
+
+    def add(self, obj: dict[str, Any], name: str = "c", uid: str = UID) -> ClaimRef:
+        obj["metadata"].update(name=name, uid=uid)
+        self.objs[("ns", name)] = obj
+        return ClaimRef("ns", name, uid)
+
+    def get_claim(self, namespace: str, name: str) -> Mapping[str, Any]:
+        with self._lock:
+            self.reads += 1
+        if self.fail is not None:
+            raise self.fail
+        return self.objs[(namespace, name)]
+
+
+def config(tmp: Path, **runtime: Any) -> AgentConfig:
+    return AgentConfig.model_validate({
+        "nodeName": NODE,
+        "backend": "dummy",
+        "dummy": {"deviceCount": 3},
+        "runtime": {"hamiCore": {"cacheDir": str(tmp / "vgpu")}, **runtime},
+        "dra": {"enabled": True, "pluginDir": str(tmp / "plugin"), "cdiDir": str(tmp / "cdi")},
+    })
+
+
+def preparer(tmp: Path, source: Claims, **runtime: Any) -> DraClaimPreparer:
+    cfg = config(tmp, **runtime)
+    backend = DummyBackend(cfg.dummy, NODE)
+    inv = Inventory.from_devices(backend.devices(), cfg.memory_unit_mib)
+    return DraClaimPreparer(cfg, source, lambda: inv, backend.naming())
+
+
+def spec_path(tmp: Path, uid: str = UID) -> Path:
+    return tmp / "cdi" / f"{DRIVER}-claim_{uid}.json"
+
+
+def read_spec(tmp: Path, uid: str = UID) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(spec_path(tmp, uid).read_text())
+    return doc
+
+
+def env(spec: dict[str, Any]) -> dict[str, str]:
+    return dict(e.split("=", 1) for e in spec["containerEdits"]["env"])
+
+
+SHARED = {"memory": "4Gi", "cores": "30"}
+
+
+def test_is_a_claim_preparer(tmp_path: Path) -> None:
+    p: ClaimPreparer = preparer(tmp_path, Claims())
+    assert p.prepare([]) == {} and p.unprepare([]) == {}
+
+
+def test_prepare_writes_one_cdi_spec_from_the_device_plugin_builder(tmp_path: Path) -> None:
+    src = Claims()
+    ref = src.add(claim(result("gpu-1", consumedCapacity=SHARED)))
+    p = preparer(tmp_path, src)
+    out = p.prepare([ref])[UID]
+    assert out.error == ""
+    [dev] = out.devices
+    assert (dev.requests, dev.pool, dev.device) == (("slice",), NODE, "gpu-1")
+    assert dev.cdi_device_ids == (f"{DRIVER}/claim={UID}-gpu-1",)
+    assert stat.S_IMODE(os.stat(spec_path(tmp_path)).st_mode) == 0o644
+    spec = read_spec(tmp_path)
+    assert spec["kind"] == f"{DRIVER}/claim"
+    assert [d["name"] for d in spec["devices"]] == [f"{UID}-gpu-1"]
+    # The same response the device-plugin mode gives a container holding this share.
+    cfg = config(tmp_path)
+    backend = DummyBackend(cfg.dummy, NODE)
+    d1 = backend.devices()[1]
+    entry = LedgerEntry(
+        ref=ContainerRef("ns", "c", "claim", UID), request=ContainerRequest(4, 30),
+        shares=(DeviceShare(d1.uuid, 4, 30),), source=EntrySource.NODE_AGENT,
+        created_at=0.0, updated_at=0.0,
+    )
+    dp = build_allocate_spec(entry, {d1.uuid: d1}, backend.naming(), cfg.runtime, 1024)
+    assert env(spec) == dict(dp.envs)
+    assert env(spec)["DUMMY_VISIBLE_DEVICES"] == d1.uuid
+    assert env(spec)["GPU_SHARE_MEMORY_LIMIT_MIB"] == "4096"
+    assert env(spec)["GPU_SHARE_CORE_PERCENT"] == "30"
+
+
+def test_prepare_is_idempotent_and_survives_a_restart(tmp_path: Path) -> None:
+    src = Claims()
+    ref = src.add(claim(result("gpu-0", consumedCapacity=SHARED)))
+    first = preparer(tmp_path, src).prepare([ref])
+    spec = read_spec(tmp_path)
+    p = preparer(tmp_path, src)  # a restarted agent
+    assert p.prepare([ref]) == first
+    assert p.prepare([ref]) == first
+    assert src.reads == 1
+    spec_path(tmp_path).unlink()  # /var/run after a reboot
+    assert p.prepare([ref]) == first
+    assert read_spec(tmp_path) == spec
+    assert src.reads == 1
+
+
+def test_unprepare_needs_only_the_uid(tmp_path: Path) -> None:
+    src = Claims()
+    ref = src.add(claim(result(consumedCapacity=SHARED)))
+    p = preparer(tmp_path, src)
+    p.prepare([ref])
+    assert p.unprepare([ClaimRef("", "", UID)]) == {UID: ""}
+    assert not spec_path(tmp_path).exists()
+    ckpt = json.loads((tmp_path / "plugin" / CHECKPOINT_FILE).read_text())
+    assert ckpt["claims"] == {}
+    assert p.unprepare([ClaimRef("ns", "gone", UID2), ClaimRef("ns", "x", "../x")]) == {
+        UID2: "", "../x": ""}
+    # Prepared again after an unprepare: read again.
+    assert p.prepare([ref])[UID].error == ""
+    assert src.reads == 2
+
+
+def test_exclusive_claim_gets_whole_devices(tmp_path: Path) -> None:
+    src = Claims()
+    full = {"memory": "16Gi", "cores": "100"}
+    ref = src.add(claim(result("gpu-0", consumedCapacity=full),
+                        result("gpu-2", consumedCapacity=full)))
+    out = preparer(tmp_path, src).prepare([ref])[UID]
+    assert [d.device for d in out.devices] == ["gpu-0", "gpu-2"]
+    e = env(read_spec(tmp_path))
+    assert e["GPU_SHARE_MEMORY_LIMIT_MIB"] == "16384,16384"
+    assert e["GPU_SHARE_CORE_PERCENT"] == "100"
+    assert len(e["DUMMY_VISIBLE_DEVICES"].split(",")) == 2
+
+
+def test_opaque_config_picks_mps(tmp_path: Path) -> None:
+    src = Claims()
+    ref = src.add(claim(result(consumedCapacity=SHARED), config=[opaque({"enforcement": "mps"})]))
+    preparer(tmp_path, src).prepare([ref])
+    e = env(read_spec(tmp_path))
+    assert e["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+    assert e["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M"
+
+
+def test_pool_hami_core_gets_a_cache_dir_per_claim(tmp_path: Path) -> None:
+    src = Claims()
+    ref = src.add(claim(result(consumedCapacity=SHARED)))
+    p = preparer(tmp_path, src, enforcement="hami-core")
+    p.prepare([ref])
+    spec = read_spec(tmp_path)
+    cache = tmp_path / "vgpu" / f"claim_{UID}"
+    assert cache.is_dir()
+    mounts = {m["containerPath"]: m for m in spec["containerEdits"]["mounts"]}
+    assert mounts["/tmp/vgpu"]["hostPath"] == str(cache)
+    assert env(spec)["CUDA_DEVICE_MEMORY_LIMIT_0"] == "4096m"
+    p.unprepare([ClaimRef("ns", "c", UID)])
+    assert not cache.exists()
+
+
+def test_cdi_pools_get_the_device_nodes_inline(tmp_path: Path) -> None:
+    src = Claims()
+    ref = src.add(claim(result("gpu-2", consumedCapacity=SHARED)))
+    preparer(tmp_path, src, deviceListStrategy=["cdi-cri"]).prepare([ref])
+    edits = read_spec(tmp_path)["containerEdits"]
+    paths = [n["path"] for n in edits["deviceNodes"]]
+    assert paths == ["/dev/dummy-npuctl", "/dev/dummy-npu2"]
+    assert "DUMMY_VISIBLE_DEVICES" not in env(read_spec(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("setup", "word"),
+    [
+        (lambda s: setattr(s, "fail", KubeAccessError("get resourceclaim ns/c: timed out")),
+         "timed out"),
+        (lambda s: s.objs[("ns", "c")]["metadata"].update(uid="other"), "uid"),
+        (lambda s: s.objs[("ns", "c")]["status"]["allocation"]["devices"]["results"][0]
+         .update(device="gpu-9"), "not on this node"),
+    ],
+    ids=["unreachable", "uid", "device"],
+)
+def test_failures_are_per_claim_errors_and_leave_nothing(
+    tmp_path: Path, setup: Any, word: str
+) -> None:
+    src = Claims()
+    ref = src.add(claim(result(consumedCapacity=SHARED)))
+    ok = src.add(claim(result(consumedCapacity=SHARED)), name="d", uid=UID2)
+    setup(src)
+    p = preparer(tmp_path, src)
+    out = p.prepare([ref, ok] if src.fail is None else [ref])
+    assert word in out[UID].error and not out[UID].devices
+    assert not spec_path(tmp_path).exists()
+    assert UID not in p.prepared()
+    if src.fail is None:
+        assert out[UID2].error == "" and out[UID2].devices
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"{not json", b"[]", b'{"version": "v9", "driver": "gpu-share.vendor.com", "claims": {}}',
+     b'{"version": "v1", "driver": "gpu-share.vendor.com", "claims": {"u": 3}}',
+     b"[" * 100_000],
+    ids=["json", "list", "version", "entry", "deep"],
+)
+def test_a_corrupt_checkpoint_is_set_aside(
+    tmp_path: Path, content: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "plugin").mkdir()
+    (tmp_path / "plugin" / CHECKPOINT_FILE).write_bytes(content)
+    src = Claims()
+    ref = src.add(claim(result(consumedCapacity=SHARED)))
+    with caplog.at_level(logging.ERROR):
+        p = preparer(tmp_path, src)
+    assert "checkpoint" in caplog.text and "unusable" in caplog.text
+    aside = list((tmp_path / "plugin").glob(f"{CHECKPOINT_FILE}.corrupt-*"))
+    assert len(aside) == 1 and aside[0].read_bytes() == content
+    assert p.prepare([ref])[UID].error == ""
+    ckpt = json.loads((tmp_path / "plugin" / CHECKPOINT_FILE).read_text())
+    assert list(ckpt["claims"]) == [UID]
+
+
+def test_concurrent_calls(tmp_path: Path) -> None:
+    src = Claims()
+    refs = [src.add(claim(result(f"gpu-{i % 3}", consumedCapacity={"memory": "1Gi"})),
+                    name=f"c{i}", uid=f"{i:08d}-0000-4000-8000-000000000000")
+            for i in range(12)]
+    p = preparer(tmp_path, src)
+    errors: list[str] = []
+
+    def work(k: int) -> None:
+        for _ in range(5):
+            for r in refs[k % 3::3]:
+                errors.extend(v.error for v in p.prepare([r]).values() if v.error)
+        if k % 2:
+            errors.extend(v for v in p.unprepare(refs[k % 3::3]).values() if v)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert errors == []
+    p.prepare(refs)
+    ckpt = json.loads((tmp_path / "plugin" / CHECKPOINT_FILE).read_text())
+    assert sorted(ckpt["claims"]) == sorted(r.uid for r in refs)
+    assert all(spec_path(tmp_path, r.uid).exists() for r in refs)
+    assert len(list((tmp_path / "cdi").iterdir())) == len(refs)  # no temp files left
