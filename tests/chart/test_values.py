@@ -84,6 +84,10 @@ CHART_OWNED = {
     "kubelet.devicePluginDir",
     "kubelet.podResourcesSocket",
     "metrics.enabled",
+    # DRA dirs: from hostPaths (kubelet plugin dirs) and the cdi-dynamic mount.
+    "dra.pluginDir",
+    "dra.registrationDir",
+    "dra.cdiDir",
 }
 
 
@@ -122,7 +126,7 @@ def test_values_yaml_agent_config_equals_model_defaults() -> None:
         if key == "dummy":
             value = {k: v for k, v in value.items() if k != "faultFile"}
             defaults[key].pop("faultFile")
-        if key in ("kubelet", "metrics"):
+        if key in ("kubelet", "metrics", "dra"):
             defaults[key] = {k: defaults[key][k] for k in value}
         assert value == defaults[key], key
 

@@ -116,6 +116,13 @@ pool's overrides, plus what the chart owns (version, host paths). */}}
 {{- $_ = set $dummy "faultFile" (printf "%s/dummy-faults.json" $paths.stateDir) -}}
 {{- end -}}
 {{- $_ = set $cfg "dummy" $dummy -}}
+{{- /* DRA: the kubelet plugin dirs (mounted at the same paths) and the CDI dir as the
+agent sees it (the cdi-dynamic mount). */ -}}
+{{- $dra := $cfg.dra | default dict -}}
+{{- $_ = set $dra "pluginDir" (printf "%s/%s" $paths.kubeletPluginsDir $dra.driverName) -}}
+{{- $_ = set $dra "registrationDir" $paths.kubeletPluginsRegistryDir -}}
+{{- $_ = set $dra "cdiDir" "/var/run/cdi" -}}
+{{- $_ = set $cfg "dra" $dra -}}
 {{- if $root.Values.scheduler.enabled -}}
 {{- $placement := $cfg.placement | default dict -}}
 {{- if not $placement.decisionKeyFile -}}
@@ -210,6 +217,20 @@ enforces limits (mps, hami-core). */}}
 {{- toJson (dict "prefixes" (uniq $prefixes) "tenantKeys" (uniq $tenantKeys) "memory" (uniq $mem) "cores" (uniq $core) "enforcing" $enforcing) -}}
 {{- end -}}
 
+{{/* Driver names of the pools in DRA mode (agentConfig.dra.enabled), as a JSON list
+(empty: no DRA pool, nothing DRA is rendered). */}}
+{{- define "gpu-share.draDrivers" -}}
+{{- $root := . -}}
+{{- $drivers := list -}}
+{{- range $pool := .Values.nodePools -}}
+{{- $cfg := include "gpu-share.poolConfig" (dict "root" $root "pool" $pool) | fromJson -}}
+{{- if $cfg.dra.enabled -}}
+{{- $drivers = append $drivers $cfg.dra.driverName -}}
+{{- end -}}
+{{- end -}}
+{{- toJson (uniq $drivers) -}}
+{{- end -}}
+
 {{/* Value checks the schema cannot express; fails rendering with a message naming the
 pool(s). Included once, from daemonset.yaml. */}}
 {{- define "gpu-share.validate" -}}
@@ -242,6 +263,9 @@ pool(s). Included once, from daemonset.yaml. */}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
+{{- end -}}
+{{- if and (include "gpu-share.draDrivers" . | fromJsonArray) (semverCompare "<1.34.0-0" .Capabilities.KubeVersion.Version) -}}
+{{- fail (printf "agentConfig.dra.enabled: DRA mode needs Kubernetes 1.34+ (resource.k8s.io/v1), this is %s" .Capabilities.KubeVersion.Version) -}}
 {{- end -}}
 {{- range $pool := .Values.nodePools -}}
 {{- $cfg := include "gpu-share.poolConfig" (dict "root" $root "pool" $pool) | fromJson -}}

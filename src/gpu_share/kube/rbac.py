@@ -17,10 +17,19 @@ AGENT_RULES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("", "events", ("create", "patch")),
 )
 
+# Added when a node pool runs in DRA mode (#13). RBAC cannot name the node: the chart's
+# own-node admission policy confines slice writes to the agent's node.
+DRA_AGENT_RULES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    # The node's ResourceSlice (kube/resourceslices.py).
+    ("resource.k8s.io", "resourceslices", ("get", "list", "watch", "create", "update", "delete")),
+    # The claims the kubelet asks the driver to prepare (read only; never their status).
+    ("resource.k8s.io", "resourceclaims", ("get",)),
+)
 
-def merged_rules() -> dict[tuple[str, str], set[str]]:
-    """(apiGroup, resource) -> verbs, merged over AGENT_RULES."""
+
+def merged_rules(*, dra: bool = False) -> dict[tuple[str, str], set[str]]:
+    """(apiGroup, resource) -> verbs, merged over AGENT_RULES (and DRA_AGENT_RULES)."""
     out: dict[tuple[str, str], set[str]] = {}
-    for group, resource, verbs in AGENT_RULES:
+    for group, resource, verbs in AGENT_RULES + (DRA_AGENT_RULES if dra else ()):
         out.setdefault((group, resource), set()).update(verbs)
     return out

@@ -1,0 +1,156 @@
+"""DRA mode: keeps the node's ResourceSlice in step with the inventory.
+
+A supervised loop (``observability.loops``) rebuilds the slice content from the
+inventory every pass (cheap: a few devices), publishes it when its digest differs from
+what was last published (a health change, a new memory unit size) and, whatever the
+digest, every ``resync_s`` (someone may have deleted or edited the slice). A failed
+publish is logged and counted by the supervisor (``gpu_share_loop_errors_total{loop=
+"dra-slices"}``) and reported to ``on_error`` (``AgentMetrics.kube_error``:
+``gpu_share_kube_errors_total{op="resourceslices"}``); the supervisor retries after a
+growing pause and the content stays due, so nothing is lost. The loop never raises into
+the agent.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from gpu_share.observability.loops import LoopSupervisor
+from gpu_share.sharing.dra_slices import SliceContent, slice_content
+from gpu_share.sharing.inventory import Inventory
+
+log = logging.getLogger(__name__)
+
+__all__ = ["DRA_SLICES_LOOP", "KUBE_OP", "DraSliceLoop", "SliceSink"]
+
+DRA_SLICES_LOOP = "dra-slices"
+RESYNC_S = 300.0
+# The loop wakes at least this often (heartbeat, stop, inventory read).
+IDLE_WAIT_S = 1.0
+# A publish is a few API calls per attempt (kube.resourceslices.MAX_ATTEMPTS), each
+# bounded by the client's timeouts (about 20 s): room for all of them.
+MAX_AGE_S = 300.0
+# The operation named to ``on_error`` (a kube_errors_total label value).
+KUBE_OP = "resourceslices"
+
+
+class SliceSink(Protocol):
+    """Where the slice goes (``kube.resourceslices.ResourceSlicePublisher``)."""
+
+    def publish(self, content: SliceContent) -> object:
+        """Raises on failure."""
+        ...
+
+    def remove_all(self) -> int: ...
+
+
+class DraSliceLoop:
+    """Publishes the slice from a supervised thread; see the module docstring.
+
+    ``inventory``: the agent's current device table; ``wait_for_change(seen, timeout)``:
+    blocks until the inventory's version differs from ``seen`` (``ChangeFeed``) and
+    returns the new one.
+    """
+
+    def __init__(
+        self,
+        sink: SliceSink,
+        inventory: Callable[[], Inventory],
+        *,
+        node_name: str,
+        driver: str,
+        driver_version: str,
+        wait_for_change: Callable[[int, float], int] | None = None,
+        resync_s: float = RESYNC_S,
+        on_error: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._sink = sink
+        self._inventory = inventory
+        self._node = node_name
+        self._driver = driver
+        self._driver_version = driver_version
+        self._wait = wait_for_change
+        self._resync_s = resync_s
+        self._on_error = on_error
+        self._clock = clock
+        self._stop = threading.Event()
+        self._poke = threading.Event()
+        self._seen = 0  # the inventory version of the last pass
+        self._published: str | None = None  # digest last published
+        self._resync_at = 0.0
+        self._thread: threading.Thread | None = None
+        self._supervisor: LoopSupervisor | None = None
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def start(self, supervisor: LoopSupervisor | None = None) -> threading.Thread:
+        self._supervisor = supervisor or LoopSupervisor()
+        self._thread = self._supervisor.spawn(
+            DRA_SLICES_LOOP, self.step, max_age_s=MAX_AGE_S, stop=self._stop
+        )
+        return self._thread
+
+    def changed(self) -> None:
+        """Publish soon (e.g. health changed where no feed is wired)."""
+        self._poke.set()
+
+    def stop(self, *, remove: bool, timeout_s: float = 5.0) -> bool:
+        """Stop the loop; with ``remove`` (uninstall, clean exit) delete the node's slices.
+        True when they were removed (or not asked to); never raises."""
+        self._stop.set()
+        self._poke.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        if not remove:
+            return True
+        try:
+            n = self._sink.remove_all()
+        except Exception as exc:  # at exit: say so, do not fail the shutdown
+            log.warning("could not remove the node's resource slices: %s", exc)
+            self._failed()
+            return False
+        log.info("resource slices removed", extra={"count": n})
+        return True
+
+    # ---------------------------------------------------------------- one pass
+
+    def step(self) -> None:
+        """Publish if due, then wait (bounded) for a change. Raises when publishing
+        failed (the supervisor logs, counts and pauses)."""
+        version = self._seen
+        content = slice_content(
+            self._inventory(), node_name=self._node, driver=self._driver,
+            driver_version=self._driver_version,
+        )
+        if content.digest != self._published or self._clock() >= self._resync_at:
+            self._publish(content)
+        self._idle(version)
+
+    def _publish(self, content: SliceContent) -> None:
+        try:
+            self._sink.publish(content)
+        except Exception:
+            self._failed()
+            raise
+        self._published = content.digest
+        self._resync_at = self._clock() + self._resync_s
+
+    def _idle(self, version: int) -> None:
+        if self._wait is not None:
+            self._seen = self._wait(version, IDLE_WAIT_S)
+        else:
+            self._poke.wait(IDLE_WAIT_S)
+        self._poke.clear()
+
+    def _failed(self) -> None:
+        if self._on_error is None:
+            return
+        try:
+            self._on_error(KUBE_OP)
+        except Exception:  # a broken metric must not break publishing
+            log.debug("slice error callback failed", exc_info=True)
