@@ -19,7 +19,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING
 
@@ -29,7 +29,7 @@ from gpu_share.agent.node_agent import AgentMetrics, DeviceRow, NodeAgent
 from gpu_share.agent.ports import PodSource, Publisher
 from gpu_share.config.loader import InvalidConfigError, load_config
 from gpu_share.config.model import AgentConfig
-from gpu_share.devices.base import Device, RuntimeNaming
+from gpu_share.devices.base import Device, DeviceBackend, RuntimeNaming
 from gpu_share.devices.factory import start_backend
 from gpu_share.errors import ConfigError, DeviceBackendError, GpuShareError, KubeAccessError
 from gpu_share.observability.http import HttpHandle, start_http
@@ -42,6 +42,7 @@ from gpu_share.plugin.sizeguard import guard_devices
 from gpu_share.sharing.model import PodView
 
 if TYPE_CHECKING:  # imported when the API server is wanted, off the path to registration
+    from gpu_share.cli.dra_mode import DraFrontEnd
     from gpu_share.kube.pods import KubePodSource, NodePodCache
 
 log = logging.getLogger("gpu_share.plugin_main")
@@ -268,6 +269,7 @@ class _Node:
         self.agent: NodeAgent | None = None
         self.manager: PluginManager | None = None
         self.cdi: CdiSpecWriter | None = None
+        self.dra: DraFrontEnd | None = None
         self.http: HttpHandle | None = None
         self._seen: dict[str, int] = {}
         self._trimmed = False
@@ -317,9 +319,35 @@ class _Node:
             agent.start()
 
         interruptible(start_agent, stop, name="agent-start")
+        if cfg.dra.enabled:
+            self._start_dra(agent, backend)
+            return
         # Before any device is advertised: CDI names in a response must resolve.
         self._write_cdi_spec(backend.devices(), backend.naming())
         manager = self.manager = PluginManager(agent.handlers(), cfg.kubelet.device_plugin_dir)
+        self._serve_http(lambda: all(p.registered for p in manager.plugins))
+        # Serve now, so that a socket the OS refuses (path too long, another live
+        # server) ends the start with its cause; registering waits for kubelet.sock in
+        # the supervised loop below, where SIGTERM is answered at once.
+        manager.serve()
+        self._seen = {p.handler.resource_name: p.registrations for p in manager.plugins}
+        self.loops.spawn("plugins", self._plugins_step, max_age_s=_plugins_max_age(manager),
+                         stop=stop)
+
+    def _start_dra(self, agent: NodeAgent, backend: DeviceBackend) -> None:
+        """DRA mode: the kubelet DRA plugin and the node's ResourceSlice instead of the
+        device-plugin servers (cli/dra_mode.py)."""
+        from gpu_share.cli.dra_mode import DraFrontEnd
+
+        dra = self.dra = interruptible(
+            lambda: DraFrontEnd(self.cfg, agent, backend, self.metrics, self.loops),
+            self.stop, name="dra-start",
+        )
+        self._serve_http(lambda: dra.registered)
+        dra.start()
+
+    def _serve_http(self, ready: Callable[[], bool]) -> None:
+        cfg = self.cfg
         if cfg.metrics.enabled:
             # Before any socket is served: a port clash must not leave the kubelet with a
             # plugin that registered and vanished.
@@ -330,7 +358,7 @@ class _Node:
                     port=cfg.metrics.port,
                     # 503 naming any loop whose heartbeat is too old.
                     liveness=self.loops.check,
-                    readiness=lambda: all(p.registered for p in manager.plugins),
+                    readiness=ready,
                 )
             except OSError as exc:
                 raise GpuShareError(
@@ -338,13 +366,6 @@ class _Node:
                     f" {exc}", reason="MetricsPortUnavailable",
                 ) from exc
             log.info("metrics and probes served", extra={"port": self.http.port})
-        # Serve now, so that a socket the OS refuses (path too long, another live
-        # server) ends the start with its cause; registering waits for kubelet.sock in
-        # the supervised loop below, where SIGTERM is answered at once.
-        manager.serve()
-        self._seen = {p.handler.resource_name: p.registrations for p in manager.plugins}
-        self.loops.spawn("plugins", self._plugins_step, max_age_s=_plugins_max_age(manager),
-                         stop=stop)
 
     def _plugins_step(self) -> None:
         manager = self.manager
@@ -393,6 +414,8 @@ class _Node:
                 log.warning("a ListAndWatch stream did not take the unhealthy device list"
                             " within %.1fs", DRAIN_TIMEOUT_S)
             self.manager.stop(PLUGINS_STOP_TIMEOUT_S)
+        if self.dra is not None:
+            self.dra.stop()
         if self.cdi is not None:
             # Transient spec: an uninstall leaves none; the next agent writes it again.
             with contextlib.suppress(OSError):

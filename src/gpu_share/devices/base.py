@@ -75,6 +75,9 @@ class DeviceBackend(Protocol):
     def naming(self) -> RuntimeNaming:
         """Env var names, shared device nodes and mount roots of this backend."""
 
+    def driver_version(self) -> str:
+        """The device driver's version ("unknown" when it cannot be read)."""
+
     def poll_health(self, timeout_s: float) -> list[HealthEvent]:
         """Block at most ``timeout_s`` for health changes; return those seen (maybe none).
 

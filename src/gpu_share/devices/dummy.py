@@ -34,6 +34,7 @@ CONTAINER_NODE_PREFIX = "/dev/dummy-npu"
 SHARED_NODE_PATH = "/dev/dummy-npuctl"
 VOLUME_MOUNT_ROOT = "/var/run/dummy-npu-devices"
 FAULT_REASON = "fault-file"
+DUMMY_DRIVER_VERSION = "dummy-1.0"  # what ResourceSlices report as driverVersion
 # How often poll_health re-checks the file while waiting for a change.
 DEFAULT_CHECK_INTERVAL_S = 0.25
 
@@ -172,6 +173,9 @@ class DummyBackend:
     def devices(self) -> list[Device]:
         with self._lock:
             return [replace(d, healthy=d.uuid not in self._unhealthy) for d in self._devices]
+
+    def driver_version(self) -> str:
+        return DUMMY_DRIVER_VERSION
 
     def naming(self) -> RuntimeNaming:
         return RuntimeNaming(

@@ -46,6 +46,9 @@ class NoDevicesBackend:
     def naming(self) -> RuntimeNaming:
         return self._naming
 
+    def driver_version(self) -> str:
+        return "unknown"
+
     def poll_health(self, timeout_s: float) -> list[HealthEvent]:
         self._stop.wait(max(timeout_s, 0.0))
         return []

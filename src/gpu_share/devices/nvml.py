@@ -191,7 +191,7 @@ class NvmlBackend:
             raise
         log.info(
             "nvml backend started",
-            extra={"devices": len(self._devices), "driver": self._driver_version()},
+            extra={"devices": len(self._devices), "driver": self.driver_version()},
         )
 
     def stop(self) -> None:
@@ -212,7 +212,7 @@ class NvmlBackend:
             except Exception as exc:
                 log.debug("nvmlShutdown failed", extra={"error": str(exc)})
 
-    def _driver_version(self) -> str:
+    def driver_version(self) -> str:
         try:
             return _text(self.nvml.nvmlSystemGetDriverVersion())
         except Exception:
