@@ -1,0 +1,145 @@
+"""``gpu-share-webhook``: the DRA-mode mutating admission webhook (vcuda limits ->
+ResourceClaims). See docs/dra.md."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import ssl
+import sys
+import threading
+
+from pydantic import ValidationError
+
+from gpu_share.config.model import AgentConfig, ResourcesConfig
+from gpu_share.errors import KubeAccessError
+from gpu_share.kube.claim_templates import ClaimTemplates
+from gpu_share.kube.rest import make_rest_client
+from gpu_share.observability.http import BoundedServer, ServerLimits
+from gpu_share.sharing.claim_translation import DEFAULT_DEVICE_CLASS, TranslationSettings
+from gpu_share.sharing.model import ResourceNames
+from gpu_share.webhook.http import WEBHOOK_LIMITS, make_server
+from gpu_share.webhook.review import Mutator
+from gpu_share.webhook.tls import ReloadingTLS
+
+log = logging.getLogger("gpu_share.webhook")
+
+DEFAULT_UNIT_MIB = int(AgentConfig.model_fields["memory_unit_mib"].default)
+
+
+class UsageError(Exception):
+    """A flag the webhook refuses to start with (exit 2)."""
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="gpu-share-webhook")
+    env = os.environ.get
+    ap.add_argument("--tls-cert-file", default=env("GPU_SHARE_WEBHOOK_TLS_CERT_FILE"),
+                    help="serving certificate (PEM); reloaded when the file changes")
+    ap.add_argument("--tls-key-file", default=env("GPU_SHARE_WEBHOOK_TLS_KEY_FILE"))
+    ap.add_argument("--bind", default=env("GPU_SHARE_WEBHOOK_BIND", "0.0.0.0"))
+    # String defaults: argparse converts them with ``type``, so a bad env value is a
+    # usage error (exit 2), not a traceback.
+    ap.add_argument("--port", type=int, default=env("GPU_SHARE_WEBHOOK_PORT", "8443"))
+    ap.add_argument("--kubeconfig", default=env("KUBECONFIG"))
+    ap.add_argument("--domain", default=env("GPU_SHARE_DOMAIN", "vendor.com"))
+    ap.add_argument("--memory-name", default=env("GPU_SHARE_MEMORY_NAME", "vcuda-memory"))
+    ap.add_argument("--core-name", default=env("GPU_SHARE_CORE_NAME", "vcuda-core"))
+    ap.add_argument("--memory-unit-mib", type=int,
+                    default=env("GPU_SHARE_MEMORY_UNIT_MIB", str(DEFAULT_UNIT_MIB)),
+                    help="MiB per memory unit: the agents' memoryUnitMiB")
+    ap.add_argument("--device-class", default=env("GPU_SHARE_DEVICE_CLASS",
+                                                  DEFAULT_DEVICE_CLASS))
+    ap.add_argument("--max-body-bytes", type=int, default=env(
+        "GPU_SHARE_WEBHOOK_MAX_BODY_BYTES", str(WEBHOOK_LIMITS.max_body_bytes)))
+    ap.add_argument("--read-timeout-seconds", type=float,
+                    default=env("GPU_SHARE_WEBHOOK_READ_TIMEOUT_SECONDS", "5"))
+    ap.add_argument("--idle-timeout-seconds", type=float,
+                    default=env("GPU_SHARE_WEBHOOK_IDLE_TIMEOUT_SECONDS", "60"))
+    ap.add_argument("--workers", type=int, default=env("GPU_SHARE_WEBHOOK_WORKERS", "8"))
+    ap.add_argument("--api-budget-seconds", type=float,
+                    default=env("GPU_SHARE_WEBHOOK_API_BUDGET_SECONDS", "2"),
+                    help="time to start API calls for one review (timeoutSeconds is 5)")
+    ap.add_argument("--log-level", default=env("GPU_SHARE_LOG_LEVEL", "info"))
+    return ap.parse_args(argv)
+
+
+def settings_of(a: argparse.Namespace) -> TranslationSettings:
+    """The translation settings, checked with the agent's rules, or UsageError."""
+    try:
+        ResourcesConfig(domain=a.domain, memory_name=a.memory_name, core_name=a.core_name)
+        AgentConfig.model_validate({"memoryUnitMiB": a.memory_unit_mib})
+    except ValidationError as e:
+        why = "; ".join(str(err["msg"]) for err in e.errors())
+        raise UsageError(f"invalid settings: {why}"[:500]) from None
+    names = ResourceNames(f"{a.domain}/{a.memory_name}", f"{a.domain}/{a.core_name}")
+    return TranslationSettings(names, a.memory_unit_mib, a.device_class)
+
+
+def limits_of(a: argparse.Namespace) -> ServerLimits:
+    try:
+        return ServerLimits(
+            workers=a.workers,
+            queue=max(WEBHOOK_LIMITS.queue, 4 * a.workers),
+            max_connections=max(WEBHOOK_LIMITS.max_connections, 16 * a.workers),
+            read_timeout_s=a.read_timeout_seconds,
+            idle_timeout_s=a.idle_timeout_seconds,
+            max_body_bytes=a.max_body_bytes,
+        )
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def _tls(a: argparse.Namespace) -> ReloadingTLS:
+    if not a.tls_cert_file or not a.tls_key_file:
+        raise UsageError("--tls-cert-file and --tls-key-file are required (the API server "
+                         "calls webhooks over HTTPS only)")
+    try:
+        return ReloadingTLS(a.tls_cert_file, a.tls_key_file)
+    except (OSError, ssl.SSLError) as e:
+        raise UsageError(f"cannot load the TLS files: {e}") from None
+
+
+def build(a: argparse.Namespace) -> BoundedServer:
+    """The bound server; raises UsageError, KubeAccessError or OSError."""
+    settings, limits, tls = settings_of(a), limits_of(a), _tls(a)
+    if a.api_budget_seconds <= 0:
+        raise UsageError("--api-budget-seconds must be positive")
+    api = make_rest_client(a.kubeconfig)
+    api.user_agent = "gpu-share-webhook"
+    templates = ClaimTemplates(api)
+    mutator = Mutator(settings, templates.ensure_all, budget_s=a.api_budget_seconds)
+    return make_server(mutator, a.bind, a.port, ssl_context=tls.context, limits=limits)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    logging.basicConfig(
+        level=a.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        server = build(a)
+    except UsageError as e:
+        print(f"gpu-share-webhook: {e}", file=sys.stderr)
+        return 2
+    except KubeAccessError as e:
+        print(f"gpu-share-webhook: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"gpu-share-webhook: cannot listen on {a.bind}:{a.port}: {e}", file=sys.stderr)
+        return 1
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    server.start()
+    log.info("serving on %s:%d (https)", *server.server_address)
+    stop.wait()
+    server.shutdown()
+    server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

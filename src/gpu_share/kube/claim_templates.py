@@ -1,0 +1,142 @@
+"""ResourceClaimTemplates the admission webhook's pods refer to (DRA mode, #13).
+
+``ensure`` makes a template exist in its namespace before the webhook admits a pod that
+names it: create it; 409 AlreadyExists is fine when the stored one asks the same
+(``claim_translation.template_matches``), anything else named so is refused
+(``TemplateConflict``): a pod must never get a claim from a template someone else wrote
+(a selector or admin access slipped in). Templates seen fine are remembered for
+``cache_ttl_s``, so a busy namespace costs no API call per pod.
+
+Every call is bounded: the client's connect/read timeouts (short by default: the API
+server waits ``timeoutSeconds`` for the whole webhook) and the caller's ``deadline``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
+from typing import Any
+
+from gpu_share.errors import KubeAccessError
+from gpu_share.kube.rest import ApiError, KubeTimeouts, RestClient, quote_name
+from gpu_share.sharing.claim_translation import API_VERSION, template_matches
+
+__all__ = [
+    "WEBHOOK_RULES",
+    "WEBHOOK_TIMEOUTS",
+    "ClaimTemplates",
+    "TemplateConflict",
+    "templates_path",
+]
+
+# API permissions of the webhook, (apiGroup, resource, verbs): all it calls. The chart's
+# webhook ClusterRole mirrors it (the L3 test runs the webhook with exactly these).
+WEBHOOK_RULES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("resource.k8s.io", "resourceclaimtemplates", ("create", "get")),
+)
+
+# The API server waits timeoutSeconds (5 s) for the webhook. Calls start only within
+# the webhook's budget (2 s by default) and each takes at most connect + read: 4.5 s.
+WEBHOOK_TIMEOUTS = KubeTimeouts(connect=1.0, read=1.5)
+
+
+class TemplateConflict(KubeAccessError):
+    """A template of that name exists and asks something else."""
+
+    reason = "TemplateConflict"
+
+
+def templates_path(namespace: str, name: str | None = None) -> str:
+    path = f"/apis/{API_VERSION}/namespaces/{quote_name(namespace)}/resourceclaimtemplates"
+    return path if name is None else f"{path}/{quote_name(name)}"
+
+
+class ClaimTemplates:
+    """Creates and checks templates through ``api`` (thread-safe)."""
+
+    def __init__(
+        self,
+        api: RestClient,
+        *,
+        timeouts: KubeTimeouts | None = WEBHOOK_TIMEOUTS,
+        cache_ttl_s: float = 30.0,
+        max_cached: int = 4096,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._api = api if timeouts is None else replace(api, timeouts=timeouts)
+        self._ttl = cache_ttl_s
+        self._max = max_cached
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._seen: OrderedDict[tuple[str, str], float] = OrderedDict()  # -> seen at
+
+    def ensure_all(self, bodies: Iterable[Mapping[str, Any]], deadline: float | None = None
+                   ) -> None:
+        """``ensure`` each; ``deadline`` (``clock`` time) is checked before each call."""
+        for body in bodies:
+            self.ensure(body, deadline)
+
+    def ensure(self, body: Mapping[str, Any], deadline: float | None = None) -> str:
+        """Make ``body`` (a ``template_body``) exist: "cached", "created" or "exists".
+        Raises TemplateConflict, ApiError (e.g. 403) or KubeAccessError (unreachable,
+        or ``deadline`` passed)."""
+        meta = body["metadata"]
+        ns, name = str(meta["namespace"]), str(meta["name"])
+        if self._fresh(ns, name):
+            return "cached"
+        self._in_time(deadline, ns, name)
+        try:
+            self._api.create(f"create resourceclaimtemplate {ns}/{name}",
+                             templates_path(ns), dict(body))
+        except ApiError as e:
+            if e.status != 409:
+                raise
+            self._in_time(deadline, ns, name)
+            self._verify(body, ns, name)
+            self._remember(ns, name)
+            return "exists"
+        self._remember(ns, name)
+        return "created"
+
+    def forget(self, namespace: str, name: str) -> None:
+        with self._lock:
+            self._seen.pop((namespace, name), None)
+
+    def _verify(self, body: Mapping[str, Any], ns: str, name: str) -> None:
+        try:
+            stored = self._api.get(f"get resourceclaimtemplate {ns}/{name}",
+                                   templates_path(ns, name))
+        except ApiError as e:
+            if e.status == 404:  # deleted between our create and get: the pod's next try
+                raise KubeAccessError(f"resourceclaimtemplate {ns}/{name} was deleted "
+                                      "while it was being created; retry") from e
+            raise
+        if not template_matches(body, stored):
+            raise TemplateConflict(
+                f"resourceclaimtemplate {ns}/{name} exists and asks something other than "
+                "gpu-share's template of that name; delete or rename it"
+            )
+
+    def _in_time(self, deadline: float | None, ns: str, name: str) -> None:
+        if deadline is not None and self._clock() >= deadline:
+            raise KubeAccessError(f"no time left to ensure resourceclaimtemplate {ns}/{name}")
+
+    def _fresh(self, ns: str, name: str) -> bool:
+        with self._lock:
+            at = self._seen.get((ns, name))
+            if at is None:
+                return False
+            if self._clock() - at < self._ttl:
+                return True
+            del self._seen[(ns, name)]
+            return False
+
+    def _remember(self, ns: str, name: str) -> None:
+        with self._lock:
+            self._seen[(ns, name)] = self._clock()
+            self._seen.move_to_end((ns, name))
+            while len(self._seen) > self._max:
+                self._seen.popitem(last=False)

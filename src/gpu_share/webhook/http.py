@@ -1,0 +1,83 @@
+"""HTTPS front of the admission webhook, on the bounded server of observability/http.py.
+
+``POST /mutate`` (the API server appends ``?timeout=5s``; the query is ignored) takes an
+AdmissionReview; ``GET /healthz`` and ``/readyz`` answer 200. The server bounds the
+body (``max_body_bytes``, 413 before reading it), the time to receive a request and
+to keep an idle connection, the connections and the worker pool (observability/http).
+A malformed request answers 4xx with a fixed reason; once a review has a uid every
+answer is 200 with an AdmissionReview carrying it (review.py); never 500.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import ssl
+from collections.abc import Callable
+from typing import Any
+
+from gpu_share.observability.http import BoundedHandler, BoundedServer, ServerLimits
+from gpu_share.webhook.review import Mutator, error_body
+
+log = logging.getLogger(__name__)
+
+__all__ = ["WEBHOOK_LIMITS", "make_server"]
+
+MiB = 2**20
+# The API server keeps a few connections alive per webhook and sends one review at a
+# time on each; a review is the pod plus a little (pods are well under 1 MiB).
+WEBHOOK_LIMITS = ServerLimits(
+    workers=8,
+    queue=32,
+    max_connections=128,
+    read_timeout_s=5.0,
+    idle_timeout_s=60.0,
+    max_body_bytes=1 * MiB,
+)
+NOT_FOUND = "no such route"
+
+
+def make_server(
+    mutator: Mutator,
+    host: str,
+    port: int,
+    *,
+    ssl_context: ssl.SSLContext | None,
+    limits: ServerLimits = WEBHOOK_LIMITS,
+    liveness: Callable[[], bool] | None = None,
+) -> BoundedServer:
+    """The webhook's server, bound and not yet serving (``start``/``serve_forever``).
+    ``ssl_context`` None serves plain HTTP (tests only: the API server calls HTTPS)."""
+
+    class Handler(BoundedHandler):
+        def error_body(self, code: int, reason: str) -> tuple[bytes, str]:
+            return json.dumps(error_body(reason)).encode(), "application/json"
+
+        def _json(self, code: int, body: Any) -> None:
+            self.send_body(code, json.dumps(body).encode(), "application/json")
+
+        def do_GET(self) -> None:
+            if self.path.split("?", 1)[0] in ("/healthz", "/readyz"):
+                ok = _alive(liveness)
+                self._json(200 if ok else 503, {"status": "ok" if ok else "not ok"})
+            else:
+                self._json(404, error_body(NOT_FOUND))
+
+        def do_POST(self) -> None:
+            if self.path.split("?", 1)[0].rstrip("/") != "/mutate":
+                self._json(404, error_body(NOT_FOUND))
+                return
+            code, answer = mutator.handle(self.body)
+            self._json(code, answer)
+
+    return BoundedServer(Handler, (host, port), limits, ssl_context=ssl_context, name="webhook")
+
+
+def _alive(liveness: Callable[[], bool] | None) -> bool:
+    if liveness is None:
+        return True
+    try:
+        return bool(liveness())
+    except Exception:  # a failing probe is "not ok", never a 500
+        log.exception("liveness probe failed")
+        return False
