@@ -1,4 +1,6 @@
-"""Every API call of gpu_share.kube is covered by rbac.AGENT_RULES, and every rule is used."""
+"""Every API call of gpu_share.kube is covered by the rule list of the component that makes
+it (rbac.AGENT_RULES, extender_rbac.EXTENDER_RULES, claim_templates.WEBHOOK_RULES), and
+every rule is used."""
 
 from __future__ import annotations
 
@@ -7,13 +9,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kube_fakes import Call, FakeStream, fake_rest, pod_obj
+from kube_fakes import Call, FakeStream, fake_rest, pod_obj, status_obj
 
 import gpu_share.kube
 from gpu_share.config.model import ResourcesConfig
+from gpu_share.kube.claim_templates import WEBHOOK_RULES, ClaimTemplates
 from gpu_share.kube.pods import KubePodSource, NodePodCache
 from gpu_share.kube.publish import KubePublisher
 from gpu_share.kube.rbac import AGENT_RULES, merged_rules
+from gpu_share.sharing.claim_translation import ClaimShape, TranslationSettings, template_body
+from gpu_share.sharing.model import ResourceNames
 
 KUBE_DIR = Path(gpu_share.kube.__file__).parent
 
@@ -94,8 +99,8 @@ def static_calls() -> set[tuple[str, str, str]]:
     """(apiGroup, resource, verb) of every REST call written in the agent's modules."""
     found: set[tuple[str, str, str]] = set()
     for path in KUBE_DIR.glob("*.py"):
-        if path.name in EXTENDER_MODULES or path.name in ("client.py", "listwatch.py"):
-            continue  # the generated client's helpers: the extender's
+        if path.name in EXTENDER_MODULES | WEBHOOK_MODULES | {"client.py", "listwatch.py"}:
+            continue  # the generated client's helpers (the extender's); the webhook's below
         for fn, url in REST_CALL.findall(path.read_text()):
             parts = [p for p in url.strip("/").split("/") if p][2:]
             if parts[:1] == ["namespaces"]:
@@ -152,3 +157,78 @@ def test_rules_have_no_duplicates() -> None:
         for v in verbs:
             assert (group, resource, v) not in seen
             seen.add((group, resource, v))
+
+
+# ---------------------------------------------------------------- the admission webhook
+
+# Modules of the DRA admission webhook, not of the node agent: their calls are granted by
+# claim_templates.WEBHOOK_RULES (the chart's webhook ClusterRole, tests/chart/test_webhook.py).
+WEBHOOK_MODULES = {"claim_templates.py"}
+WEBHOOK_VERBS = {"create": "create", "get": "get"}
+# A call of the webhook's client on a path made by templates_path(namespace[, name]).
+WEBHOOK_CALL = re.compile(r"_api\.(\w+)\((?:[^()]|\([^()]*\))*?templates_path\(([^()]*)\)")
+
+
+def webhook_granted() -> set[tuple[str, str, str]]:
+    return {(g, r, v) for g, r, verbs in WEBHOOK_RULES for v in verbs}
+
+
+def _apis_rbac(call: Call) -> tuple[str, str, str]:
+    """(apiGroup, resource, verb) of a request on a /apis/<group>/<version>/ path."""
+    parts = call.path.strip("/").split("/")
+    assert parts[0] == "apis", call.path
+    group, rest = parts[1], parts[3:]
+    if rest[:1] == ["namespaces"] and len(rest) >= 3:
+        rest = rest[2:]
+    verb = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(
+        call.method
+    )
+    return (group, rest[0], verb or ("get" if len(rest) > 1 else "list"))
+
+
+def test_webhook_calls_are_granted_by_webhook_rules_and_every_rule_is_used() -> None:
+    """ClaimTemplates driven through both of its paths (a new template: create; one that
+    exists: create answered 409, then get) against a fake API server."""
+    settings = TranslationSettings(
+        ResourceNames("vendor.com/vcuda-memory", "vendor.com/vcuda-core"), 1024
+    )
+    new, old = (template_body(ClaimShape(m, 10), "team-a", settings) for m in (1, 2))
+
+    def handler(call: Call) -> Any:
+        if call.method == "POST":
+            if call.body["metadata"]["name"] == old["metadata"]["name"]:
+                return 409, status_obj(409, "AlreadyExists", "exists")
+            return 201, call.body
+        return 200, old
+
+    api, http = fake_rest(handler)
+    templates = ClaimTemplates(api)
+    assert templates.ensure(new) == "created"
+    assert templates.ensure(old) == "exists"
+    used = {_apis_rbac(c) for c in http.calls}
+    assert used == webhook_granted(), f"used {sorted(used)}, granted {sorted(webhook_granted())}"
+
+
+def test_every_api_call_in_the_webhook_source_is_granted() -> None:
+    """Static: each call of the webhook's client in claim_templates.py, on the path of
+    templates_path (named: get; unnamed: list; create), is in WEBHOOK_RULES; every kube
+    module that calls a /apis/ path is assigned to a component here."""
+    from gpu_share.kube import claim_templates
+
+    source = (KUBE_DIR / "claim_templates.py").read_text()
+    calls = WEBHOOK_CALL.findall(source)
+    assert {m for m, _ in calls} == {"create", "get"}, calls  # the scan sees both
+    path = claim_templates.templates_path("ns")
+    group = path.split("/")[2]
+    resource = path.rsplit("/", 1)[1]
+    found = set()
+    for method, args in calls:
+        named = args.count(",") >= 1
+        verb = WEBHOOK_VERBS[method] if method != "get" else ("get" if named else "list")
+        found.add((group, resource, verb))
+    assert found <= webhook_granted(), sorted(found - webhook_granted())
+    # Who owns each module calling a group API: a new one must be assigned a rule list.
+    dra_agent = {"resourceslices.py", "resourceclaims.py"}
+    for module in KUBE_DIR.glob("*.py"):
+        if "/apis/" in module.read_text():
+            assert module.name in WEBHOOK_MODULES | dra_agent, module.name
