@@ -192,3 +192,36 @@ def test_follows_a_real_agents_health(workdir: Path) -> None:
         loop.stop(remove=True)
         agent.stop()
     assert sink.removed == 1
+
+
+def test_a_registration_rechecks_the_slice_at_its_delays_even_when_unchanged() -> None:
+    """A kubelet that starts deletes its node's slices, possibly after the driver
+    registered again (story 11e): each registration schedules checks that publish the
+    unchanged content (the publisher writes only what is missing or differs)."""
+    holder, sink, clock = [inventory()], Sink(), Clock()
+    loop = loop_over(holder, sink, resync_s=1000.0, clock=clock,
+                     wait_for_change=lambda seen, timeout: seen)
+    loop.step()
+    assert len(sink.published) == 1
+    loop.recheck(after_s=(0.0, 5.0))
+    loop.step()  # the check due now
+    assert len(sink.published) == 2
+    loop.step()  # the next one is not due yet
+    assert len(sink.published) == 2
+    clock.t = 5.0
+    loop.step()
+    loop.step()
+    assert len(sink.published) == 3  # done once, then nothing is pending
+
+
+def test_a_failed_recheck_stays_due() -> None:
+    holder, sink, clock = [inventory()], Sink(), Clock()
+    loop = loop_over(holder, sink, resync_s=1000.0, clock=clock,
+                     wait_for_change=lambda seen, timeout: seen)
+    loop.step()
+    loop.recheck(after_s=(0.0,))
+    sink.failures = 1
+    with pytest.raises(KubeAccessError):
+        loop.step()
+    loop.step()
+    assert len(sink.published) == 2

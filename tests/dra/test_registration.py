@@ -97,3 +97,32 @@ def test_undecodable_registration_status_is_invalid_argument(
         call(b"\x12\x02\xff\xfe", timeout=5)  # error = invalid UTF-8
     assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert plugin.registration.outcome is None
+
+
+def test_each_successful_registration_calls_on_registered_and_a_raising_hook_is_contained(
+    sock_dir: Path,
+) -> None:
+    """The agent rechecks its ResourceSlice on every registration (a starting kubelet
+    wipes the node's slices); the hook must not turn into an error for the kubelet."""
+    calls: list[int] = []
+
+    def hook() -> None:
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("hook broke")
+
+    server = DraPluginServer(
+        DRIVER, FakePreparer(), plugin_dir=sock_dir / "p", registration_dir=sock_dir / "r",
+        options=FAST, on_registered=hook,
+    )
+    server.start()
+    kubelet = Kubelet(server.registration_socket)
+    try:
+        kubelet.notify(True)
+        kubelet.notify(False, "refused")  # not a registration
+        kubelet.notify(True)  # the hook raises: the call still answers OK
+        kubelet.notify(True)
+        assert len(calls) == 3 and server.registration.registered
+    finally:
+        kubelet.close()
+        server.stop()

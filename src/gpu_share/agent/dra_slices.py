@@ -9,6 +9,12 @@ publish is logged and counted by the supervisor (``gpu_share_loop_errors_total{l
 ``gpu_share_kube_errors_total{op="resourceslices"}``); the supervisor retries after a
 growing pause and the content stays due, so nothing is lost. The loop never raises into
 the agent.
+
+A kubelet that starts deletes every ResourceSlice of its node (in the background, retried
+until it succeeds, possibly after our driver registered again), and so does one that lost
+the driver for a while. ``recheck()`` (called on each registration) therefore checks the
+slice at once and a few more times over the next two minutes: each check is one LIST,
+and a write only when the slice is missing or differs.
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ IDLE_WAIT_S = 1.0
 MAX_AGE_S = 300.0
 # The operation named to ``on_error`` (a kube_errors_total label value).
 KUBE_OP = "resourceslices"
+# Seconds after a registration at which the slice is checked again (see the module doc).
+RECHECK_AFTER_S = (0.0, 3.0, 10.0, 30.0, 60.0, 120.0)
 
 
 class SliceSink(Protocol):
@@ -83,6 +91,8 @@ class DraSliceLoop:
         self._seen = 0  # the inventory version of the last pass
         self._published: str | None = None  # digest last published
         self._resync_at = 0.0
+        self._rechecks: list[float] = []  # clock times of pending checks
+        self._rechecks_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._supervisor: LoopSupervisor | None = None
 
@@ -97,6 +107,14 @@ class DraSliceLoop:
 
     def changed(self) -> None:
         """Publish soon (e.g. health changed where no feed is wired)."""
+        self._poke.set()
+
+    def recheck(self, after_s: tuple[float, ...] = RECHECK_AFTER_S) -> None:
+        """Check the slice on the API server at these delays from now (the kubelet
+        registered the driver: it may have wiped the node's slices, or be about to)."""
+        now = self._clock()
+        with self._rechecks_lock:
+            self._rechecks = sorted({*self._rechecks, *(now + d for d in after_s)})
         self._poke.set()
 
     def stop(self, *, remove: bool, timeout_s: float = 5.0) -> bool:
@@ -127,8 +145,14 @@ class DraSliceLoop:
             self._inventory(), node_name=self._node, driver=self._driver,
             driver_version=self._driver_version,
         )
-        if content.digest != self._published or self._clock() >= self._resync_at:
+        now = self._clock()
+        with self._rechecks_lock:
+            recheck = bool(self._rechecks) and self._rechecks[0] <= now
+        if content.digest != self._published or now >= self._resync_at or recheck:
             self._publish(content)
+            # Done only once published: a failed check stays due.
+            with self._rechecks_lock:
+                self._rechecks = [t for t in self._rechecks if t > now]
         self._idle(version)
 
     def _publish(self, content: SliceContent) -> None:

@@ -55,6 +55,7 @@ class DraFrontEnd:
             driver, preparer,
             plugin_dir=cfg.dra.plugin_dir, registration_dir=cfg.dra.registration_dir,
             on_registration_failure=self._registration_failed,
+            on_registered=self._registered,
         )
 
         def kube_error(op: str) -> None:
@@ -75,6 +76,10 @@ class DraFrontEnd:
         if engine is None:
             raise GpuShareError("agent not started")
         return engine.inventory
+
+    def _registered(self) -> None:
+        # A kubelet that (re)starts wipes the node's slices: check ours again.
+        self.slices.recheck()
 
     def _registration_failed(self, error: str) -> None:
         self._agent.warn_node("DraRegistrationFailed",

@@ -47,8 +47,10 @@ class RegistrationService:
     """Answers the kubelet's plugin watcher for one DRA driver.
 
     ``on_failure(error)`` is called (on the gRPC thread; it must not block) each time the
-    kubelet reports a failed registration, e.g. to put a Warning Event on the node; an
-    exception it raises is logged, never answered to the kubelet.
+    kubelet reports a failed registration, e.g. to put a Warning Event on the node;
+    ``on_registered()`` likewise for each successful one (a kubelet that just started
+    wipes the node's ResourceSlices, so the driver must check its slice again). An
+    exception either raises is logged, never answered to the kubelet.
     """
 
     def __init__(
@@ -58,11 +60,13 @@ class RegistrationService:
         *,
         supported_versions: Sequence[str] = SUPPORTED_VERSIONS,
         on_failure: Callable[[str], None] | None = None,
+        on_registered: Callable[[], None] | None = None,
     ) -> None:
         self.driver_name = driver_name
         self.endpoint = endpoint
         self.supported_versions = tuple(supported_versions)
         self._on_failure = on_failure
+        self._on_registered = on_registered
         self._cv = threading.Condition()
         self._outcome: RegistrationOutcome | None = None
         self._info_calls = 0
@@ -129,6 +133,11 @@ class RegistrationService:
         if outcome.registered:
             log.info("kubelet registered DRA driver %s (endpoint %s)",
                      self.driver_name, self.endpoint)
+            if self._on_registered is not None:
+                try:
+                    self._on_registered()
+                except Exception:
+                    log.exception("registration hook failed")
             return reg.RegistrationStatusResponse()
         log.error("kubelet refused DRA driver %s: %s", self.driver_name, error)
         if self._on_failure is not None:

@@ -160,7 +160,8 @@ class DraPluginServer:
     """The DRA kubelet plugin of one driver. Start once; ``stop()`` is idempotent.
 
     ``preparer`` does the work of NodePrepareResources / NodeUnprepareResources;
-    ``on_registration_failure(error)`` hears each registration the kubelet refused.
+    ``on_registration_failure(error)`` hears each registration the kubelet refused,
+    ``on_registered()`` each one it accepted.
     """
 
     def __init__(
@@ -172,6 +173,7 @@ class DraPluginServer:
         registration_dir: str | os.PathLike[str],
         options: DraServeOptions | None = None,
         on_registration_failure: Callable[[str], None] | None = None,
+        on_registered: Callable[[], None] | None = None,
     ) -> None:
         self.driver_name = driver_name
         self.options = options or DraServeOptions()
@@ -184,6 +186,7 @@ class DraPluginServer:
             driver_name,
             os.fspath(self.dra_socket.absolute()),
             on_failure=on_registration_failure,
+            on_registered=on_registered,
         )
         self._dra = _SocketServer("plugin", self.dra_socket, self.service.handlers, self.options)
         self._reg = _SocketServer(
