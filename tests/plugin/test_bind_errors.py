@@ -10,14 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from gpu_share.agent.unixsock import SOCKET_IN_USE, SOCKET_PATH_TOO_LONG, socket_identity
 from gpu_share.plugin.manager import PluginManager
-from gpu_share.plugin.server import (
-    SOCKET_IN_USE,
-    SOCKET_PATH_TOO_LONG,
-    PluginServer,
-    ServeError,
-)
-from gpu_share.plugin.watcher import socket_identity
+from gpu_share.plugin.server import PluginServer, ServeError
 from gpu_share.sharing.model import AdvertisedDevice
 from tests.support.fake_handler import FakeHandler
 from tests.support.kubelet_stub import PluginClient, fast_plugin_settings, wait_until

@@ -79,10 +79,10 @@ class _SocketServer:
         return self.identity is not None and sockets.socket_identity(self.path) == self.identity
 
     def start(self) -> None:
-        sockets.unix_target(self.path)  # the public path must fit, not only the temporary
+        sockets.dra_target(self.path)  # the public path must fit, not only the temporary
         sockets.claim_socket_path(self.path)
         temp = self.path.with_name(f".gs-{secrets.token_hex(4)}.sock")
-        target = sockets.unix_target(temp)
+        target = sockets.dra_target(temp)
         executor = futures.ThreadPoolExecutor(
             max_workers=self._options.max_workers, thread_name_prefix=f"dra-{self.label}"
         )

@@ -1,61 +1,54 @@
-"""Unix-socket housekeeping of the DRA front-end: path checks, stale files, identity,
-owner-only modes.
-
-The device-plugin front-end (``gpu_share.plugin.server`` / ``plugin.watcher``) has the
-same needs; it sits in the same layer, so this module does not import it (moving the
-shared part to a lower layer is a separate change).
+"""Unix-socket housekeeping of the DRA front-end: owner-only dirs and modes, on top of
+the checks it shares with the device-plugin front-end (``agent.unixsock``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import os
-import socket
 import stat
 from pathlib import Path
 
-from gpu_share.errors import GpuShareError
+from gpu_share.agent.unixsock import (
+    SOCKET_BIND_FAILED,
+    SOCKET_IN_USE,
+    SOCKET_PATH_TOO_LONG,
+    SocketId,
+    SocketServeError,
+    answers,
+    claim_socket_path,
+    unix_target,
+)
+from gpu_share.agent.unixsock import socket_identity as _identity
 
-# sockaddr_un.sun_path holds 108 bytes on Linux, the last one the terminating NUL.
-UNIX_PATH_MAX = 107
+__all__ = [
+    "SOCKET_BIND_FAILED",
+    "SOCKET_IN_USE",
+    "SOCKET_PATH_TOO_LONG",
+    "DraServeError",
+    "SocketId",
+    "answers",
+    "claim_socket_path",
+    "dra_target",
+    "ensure_dir",
+    "restrict_socket",
+    "socket_identity",
+    "unix_target",
+]
+
 SOCKET_MODE = 0o600  # only the kubelet (root) dials us
 DIR_MODE = 0o700
-# Reasons of ``DraServeError``.
-SOCKET_PATH_TOO_LONG = "SocketPathTooLong"
-SOCKET_IN_USE = "SocketInUse"
-SOCKET_BIND_FAILED = "SocketBindFailed"
 
-# (device, inode, ctime): a re-created file differs in at least one (inodes are reused).
-SocketId = tuple[int, int, int]
-
-
-class DraServeError(GpuShareError):
-    """A DRA socket cannot be served (path too long, in use, bind refused)."""
-
-    reason = SOCKET_BIND_FAILED
+# What the DRA server raises when a socket cannot be served.
+DraServeError = SocketServeError
 
 
 def socket_identity(path: str | os.PathLike[str]) -> SocketId | None:
-    """Identity of the file at ``path`` (not following a symlink), or None if absent."""
-    try:
-        st = os.lstat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    return (st.st_dev, st.st_ino, st.st_ctime_ns)
+    """Identity of the file at ``path`` itself (a symlink is not followed)."""
+    return _identity(path, follow_symlinks=False)
 
 
-def unix_target(path: Path) -> str:
-    """The ``unix://`` target for ``path``; ``DraServeError`` when the OS cannot bind it
-    (gRPC would only say "Failed to bind")."""
-    full = os.fsencode(path.resolve())
-    if len(full) > UNIX_PATH_MAX:
-        raise DraServeError(
-            f"socket path {os.fsdecode(full)} is {len(full)} bytes, the limit is"
-            f" {UNIX_PATH_MAX} (AF_UNIX); use a shorter dra.pluginDir / dra.registrationDir",
-            reason=SOCKET_PATH_TOO_LONG,
-        )
-    return f"unix://{os.fsdecode(full)}"
+def dra_target(path: Path) -> str:
+    return unix_target(path, "dra.pluginDir / dra.registrationDir")
 
 
 def ensure_dir(path: Path, *, own: bool) -> None:
@@ -72,40 +65,6 @@ def ensure_dir(path: Path, *, own: bool) -> None:
                 os.chmod(path, DIR_MODE)
     except OSError as exc:
         raise DraServeError(f"cannot prepare directory {path}: {exc}") from exc
-
-
-def claim_socket_path(path: Path, probe_timeout_s: float = 1.0) -> None:
-    """Make ``path`` free to bind: remove a stale socket or file left there, but refuse
-    (``DraServeError``) when a live server answers on it -- it is someone else's."""
-    try:
-        st = path.lstat()
-    except FileNotFoundError:
-        return
-    if stat.S_ISDIR(st.st_mode):
-        raise DraServeError(f"socket path {path} is a directory", reason=SOCKET_IN_USE)
-    if stat.S_ISSOCK(st.st_mode) and answers(path, probe_timeout_s):
-        raise DraServeError(
-            f"socket {path} is served by another live process (another agent on this"
-            " node?); not taking it over",
-            reason=SOCKET_IN_USE,
-        )
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()  # stale: a crash, a killed agent
-
-
-def answers(path: Path, timeout_s: float) -> bool:
-    """True when something accepts connections on the unix socket ``path``."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(timeout_s)
-        try:
-            probe.connect(os.fspath(path))
-        except TimeoutError:
-            return True  # a full backlog: someone listens
-        except OSError as exc:
-            if exc.errno in (errno.ECONNREFUSED, errno.ENOENT):
-                return False
-            raise DraServeError(f"cannot probe socket {path}: {exc}") from exc
-        return True
 
 
 def restrict_socket(path: Path) -> None:

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpu_share.agent.unixsock import SocketId, socket_identity
 from gpu_share.errors import KubeAccessError
 from gpu_share.plugin.handler import ResourceHandler
 from gpu_share.plugin.registration import (
@@ -26,7 +27,6 @@ from gpu_share.plugin.registration import (
     register_with_retry,
 )
 from gpu_share.plugin.server import PluginServer, ServeOptions
-from gpu_share.plugin.watcher import SocketId, socket_identity
 
 log = logging.getLogger(__name__)
 

@@ -7,12 +7,9 @@ codes; every decision is the handler's.
 from __future__ import annotations
 
 import contextlib
-import errno
 import itertools
 import logging
 import os
-import socket
-import stat
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -23,12 +20,18 @@ from typing import NoReturn
 
 import grpc
 
+from gpu_share.agent.unixsock import (
+    SocketId,
+    SocketServeError,
+    claim_socket_path,
+    socket_identity,
+    unix_target,
+)
 from gpu_share.errors import GpuShareError, grpc_code_of
 from gpu_share.plugin import wire
 from gpu_share.plugin.handler import ResourceHandler
 from gpu_share.plugin.proto import deviceplugin_v1beta1_pb2 as dp
 from gpu_share.plugin.proto import deviceplugin_v1beta1_pb2_grpc as dp_grpc
-from gpu_share.plugin.watcher import SocketId, socket_identity
 from gpu_share.sharing.model import AdvertisedDevice
 
 log = logging.getLogger(__name__)
@@ -38,64 +41,14 @@ REASON_METADATA_KEY = "gpu-share-reason"
 # Status messages may quote what the caller sent: never more than this many characters.
 MAX_STATUS_MESSAGE = 1024
 
-# sockaddr_un.sun_path holds 108 bytes on Linux, the last one the terminating NUL.
-UNIX_PATH_MAX = 107
-# Reasons of ``ServeError``.
-SOCKET_PATH_TOO_LONG = "SocketPathTooLong"
-SOCKET_IN_USE = "SocketInUse"
-SOCKET_BIND_FAILED = "SocketBindFailed"
-
-
-class ServeError(GpuShareError):
-    """A device-plugin socket cannot be served (path too long, in use, bind refused)."""
-
-    reason = SOCKET_BIND_FAILED
+# What the device-plugin servers raise when a socket cannot be served (reasons
+# SocketPathTooLong, SocketInUse, SocketBindFailed).
+ServeError = SocketServeError
 
 
 def check_socket_path(path: Path) -> str:
-    """The ``unix://`` target for ``path``; raises ``ServeError`` when the OS cannot bind
-    it (gRPC would only say "Failed to bind")."""
-    full = os.fsencode(path.resolve())
-    if len(full) > UNIX_PATH_MAX:
-        raise ServeError(
-            f"socket path {os.fsdecode(full)} is {len(full)} bytes, the limit is"
-            f" {UNIX_PATH_MAX} (AF_UNIX); use a shorter kubelet.devicePluginDir",
-            reason=SOCKET_PATH_TOO_LONG,
-        )
-    return f"unix://{os.fsdecode(full)}"
-
-
-def claim_socket_path(path: Path, probe_timeout_s: float = 1.0) -> None:
-    """Make ``path`` free to bind: remove a stale socket (or file) left there, but refuse
-    (``ServeError``) when a live server answers on it -- it is someone else's."""
-    try:
-        st = path.lstat()
-    except FileNotFoundError:
-        return
-    if stat.S_ISDIR(st.st_mode):
-        raise ServeError(f"socket path {path} is a directory", reason=SOCKET_IN_USE)
-    if stat.S_ISSOCK(st.st_mode) and _answers(path, probe_timeout_s):
-        raise ServeError(
-            f"socket {path} is served by another live process (another agent on this"
-            " node?); not taking it over",
-            reason=SOCKET_IN_USE,
-        )
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()  # stale: a crash, a killed agent, kubelet leftovers
-
-
-def _answers(path: Path, timeout_s: float) -> bool:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(timeout_s)
-        try:
-            probe.connect(os.fspath(path))
-        except TimeoutError:
-            return True  # a full backlog: someone listens
-        except OSError as exc:
-            if exc.errno in (errno.ECONNREFUSED, errno.ENOENT):
-                return False
-            raise ServeError(f"cannot probe socket {path}: {exc}") from exc
-        return True
+    """The ``unix://`` target for ``path`` (``ServeError`` when too long to bind)."""
+    return unix_target(path, "kubelet.devicePluginDir")
 
 
 def _unhealthy(devices: Sequence[AdvertisedDevice]) -> list[AdvertisedDevice]:
