@@ -582,7 +582,7 @@ environment_problem() {
   elif [[ ! -d /sys/fs/cgroup/memory && -f /sys/fs/cgroup/cgroup.controllers ]]; then
     # The kubelet config (cgroupfs driver, cgroupRoot /) and `down`'s cleanup of
     # /sys/fs/cgroup/*/kubepods are written and tested for the v1 hierarchy only.
-    echo "cgroup v2 only host: this cluster (kubelet v1.34 on containerd 1.7, cgroupfs) is set up for cgroup v1"
+    echo "cgroup v2 only host: this cluster (kubelet on containerd 1.7, cgroupfs) is set up for cgroup v1"
   elif [[ ! -d /sys/fs/cgroup/memory ]]; then
     echo "no cgroup v1 memory controller under /sys/fs/cgroup"
   elif ! command -v go >/dev/null; then

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # build-peer.sh OUT: builds bench/agent/peer (the Go baseline) into OUT, offline, against
-# the same k8s.io/kubernetes v1.34.4 module graph as the local cluster (hack/k8s/go.mod).
+# the same k8s.io/kubernetes module graph as the local cluster (hack/k8s/go.mod).
 # The module files are copied to a scratch dir so hack/k8s is never modified.
 set -euo pipefail
 out=${1:?usage: build-peer.sh OUT}

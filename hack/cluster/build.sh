@@ -20,7 +20,8 @@ LOG_PREFIX=build
 # shellcheck source=hack/lib/common.sh
 . "${HACK_DIR}/lib/common.sh"
 CACHE_DIR="${GPU_SHARE_CACHE:-$HOME/.cache/gpu-share}"
-K8S_VERSION="${K8S_VERSION:-v1.34.4}"
+# The version is the one hack/k8s/go.mod requires (one place to change it).
+K8S_VERSION="${K8S_VERSION:-$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" {print $3}' "${HACK_DIR}/k8s/go.mod")}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 # 1.7 is the newest line that still reads the version-2 config of
 # hack/templates/containerd-config.toml and supports cgroup v1 fully; it has CDI.

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.cluster_support import Cluster
-from tests.harness import REPO, wait_until
+from tests.harness import K8S_VERSION, REPO, wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -25,7 +25,7 @@ def test_node_ready_and_busybox_pod_logs(cluster: Cluster, namespace: str) -> No
     node = cluster.get("node", cluster.node)
     ready = {c["type"]: c["status"] for c in node["status"]["conditions"]}
     assert ready.get("Ready") == "True", node["status"]["conditions"]
-    assert node["status"]["nodeInfo"]["kubeletVersion"] == "v1.34.4"
+    assert node["status"]["nodeInfo"]["kubeletVersion"] == K8S_VERSION
 
     cluster.apply(
         {

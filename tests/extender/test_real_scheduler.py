@@ -2,7 +2,7 @@
 
 ~100 openb GPU nodes are registered as Node objects (inventory annotation, extended
 resources in status); an extender (in this process) and a second kube-scheduler (the
-cached v1.34.4 binary, its own schedulerName) place the trace's GPU pods one at a time.
+cached binary of the local cluster, its own schedulerName) place the trace's GPU pods one at a time.
 The simulator runs the same nodes and pods with the same policy; allocation must agree
 within 0.5 pp. Host resources count on both sides: the nodes report the trace's CPU and
 memory as allocatable and the pods request the trace's CPU and memory (kube-scheduler

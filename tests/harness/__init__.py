@@ -10,6 +10,7 @@ the one poll helper (``wait_until``).
 from tests.harness.env import (
     BUILD_SCRIPT,
     CLUSTER_SCRIPT,
+    K8S_VERSION,
     REPO,
     UP_TIMEOUT_S,
     ClusterInfo,
@@ -27,6 +28,7 @@ from tests.harness.wait import wait_until
 __all__ = [
     "BUILD_SCRIPT",
     "CLUSTER_SCRIPT",
+    "K8S_VERSION",
     "LOCK_FILE",
     "REPO",
     "UP_TIMEOUT_S",

@@ -21,6 +21,19 @@ from tests.harness.lock import acquire_lock, release_lock
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER_SCRIPT = REPO / "hack" / "local-up-cluster.sh"
 BUILD_SCRIPT = REPO / "hack" / "build-image.sh"
+
+
+def _k8s_version() -> str:
+    """The Kubernetes version of the local cluster: the one hack/k8s/go.mod requires
+    (hack/cluster/build.sh reads the same line)."""
+    for line in (REPO / "hack" / "k8s" / "go.mod").read_text().splitlines():
+        parts = line.split()
+        if parts[:2] == ["require", "k8s.io/kubernetes"] and len(parts) == 3:
+            return parts[2]
+    raise RuntimeError("hack/k8s/go.mod requires no k8s.io/kubernetes version")
+
+
+K8S_VERSION = _k8s_version()
 UP_TIMEOUT_S = int(os.environ.get("GPU_SHARE_CLUSTER_UP_TIMEOUT", str(80 * 60)))
 
 

@@ -1,7 +1,7 @@
 """A real etcd + kube-apiserver on 127.0.0.1 for the ``apiserver`` tests (L3).
 
 Binaries come from the build cache (hack/cluster/build.sh):
-``${GPU_SHARE_CACHE:-~/.cache/gpu-share}/k8s-v1.34.4/bin/kube-apiserver`` and
+``${GPU_SHARE_CACHE:-~/.cache/gpu-share}/k8s-<version of hack/k8s/go.mod>/bin/kube-apiserver`` and
 ``etcd-v3.6.*/bin/etcd``; ``GPU_SHARE_KUBE_APISERVER`` / ``GPU_SHARE_ETCD`` override them.
 Without them the tests are skipped with a loud reason.
 """
@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 from kube_fakes import ApiServer, stop_fake_servers
 
-K8S_VERSION = "v1.34.4"
+from tests.harness import K8S_VERSION
+
 START_TIMEOUT_S = 90.0
 
 
