@@ -8,16 +8,15 @@ are in ``sharing/cdi.py`` and docs/enforcement.md ("CDI").
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import yaml
 
+from gpu_share.agent.files import write_atomic
 from gpu_share.config.model import AgentConfig
 from gpu_share.devices.base import Device, RuntimeNaming
 from gpu_share.sharing.cdi import (
@@ -120,19 +119,7 @@ class CdiSpecWriter:
             self.remove()
             return None
         data = (json.dumps(plan.spec, indent=2, sort_keys=True) + "\n").encode()
-        self.path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".gpu-share-", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                os.fchmod(fh.fileno(), SPEC_MODE)
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        write_atomic(self.path, data, SPEC_MODE)
         log.info(
             "CDI: wrote %s (%d device(s) of kind %s)",
             self.path,

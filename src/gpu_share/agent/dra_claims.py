@@ -24,7 +24,6 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -34,6 +33,7 @@ from typing import Any, Protocol
 
 from gpu_share.agent.cdi import SPEC_MODE
 from gpu_share.agent.dra_ports import ClaimRef, PreparedDevice, PrepareResult
+from gpu_share.agent.files import write_atomic
 from gpu_share.agent.hostdirs import HostDirs
 from gpu_share.agent.response import build
 from gpu_share.config.model import AgentConfig, EnforcementMode, RuntimeConfig
@@ -135,29 +135,6 @@ def _device_from_json(raw: Any) -> PreparedDevice:
         device=_str(raw.get("device")),
         cdi_device_ids=tuple(_str(i) for i in _list(raw.get("cdiDeviceIds"))),
     )
-
-
-def write_atomic(path: Path, data: bytes, mode: int) -> None:
-    """Replace ``path`` by ``data`` at once (temp file, fsync, rename, fsync the dir)."""
-    path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".gpu-share-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            os.fchmod(fh.fileno(), mode)
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    with contextlib.suppress(OSError):
-        dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
 
 
 def _json_bytes(doc: Any) -> bytes:
