@@ -9,14 +9,13 @@ core reads typed ``extender.api`` values. Reasons never echo more than
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Mapping
-from itertools import accumulate
 from typing import Any, NoReturn
 
 from gpu_share.extender.api import ExtenderArgs, ExtenderBindingArgs
+from gpu_share.observability import jsonbody
 from gpu_share.observability.http import REASON_LIMIT, short_repr
 
 MAX_NAME = 253  # a DNS subdomain: node names, namespaces, pod names, UIDs
@@ -35,41 +34,12 @@ def _bad(where: str, what: str) -> NoReturn:
     raise BadRequest(f"{where}: {what}"[: REASON_LIMIT * 2])
 
 
-def _reject_constant(name: str) -> Any:
-    raise BadRequest(f"{name} is not valid JSON")
-
-
 def parse_json(body: bytes) -> Any:
-    """Strict JSON from a request body (UTF-8, no NaN/Infinity, bounded nesting)."""
+    """Strict JSON from a request body (observability.jsonbody), or ``BadRequest``."""
     try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError:
-        raise BadRequest("body is not UTF-8") from None
-    try:
-        value = json.loads(text, parse_constant=_reject_constant)
-    except BadRequest:
-        raise
-    except RecursionError:  # the C parser's own guard, far deeper than MAX_DEPTH
-        raise BadRequest(f"JSON nested deeper than {MAX_DEPTH} levels") from None
-    except ValueError as e:  # JSONDecodeError, or an integer over the digit limit
-        raise BadRequest(f"bad JSON: {str(e)[:REASON_LIMIT]}") from None
-    # After parsing, so every string is terminated and the scan is linear.
-    if _depth_over(text, MAX_DEPTH):
-        raise BadRequest(f"JSON nested deeper than {MAX_DEPTH} levels")
-    return value
-
-
-_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
-_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
-_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
-
-
-def _depth_over(text: str, limit: int) -> bool:
-    """Whether the brackets of valid JSON ``text`` (outside strings) nest deeper than
-    ``limit``, so no answer echoing part of a request nests deeper than the encoder can
-    go. ``text`` must have parsed: on an unterminated string the regex is quadratic."""
-    brackets = _NOT_BRACKET.sub("", _STRING.sub("", text))
-    return any(d > limit for d in accumulate(map(_STEP.__getitem__, brackets)))
+        return jsonbody.parse_json(body, MAX_DEPTH)
+    except jsonbody.BadJson as e:
+        raise BadRequest(str(e)) from None
 
 
 def _obj(value: Any, where: str, *, optional: bool = True) -> Mapping[str, Any]:

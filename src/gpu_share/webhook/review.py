@@ -27,6 +27,7 @@ from typing import Any
 
 from gpu_share.errors import KubeAccessError
 from gpu_share.kube.claim_templates import TemplateConflict
+from gpu_share.observability import jsonbody
 from gpu_share.sharing.claim_translation import (
     ClaimRequestError,
     TranslationSettings,
@@ -52,38 +53,13 @@ class BadReview(ValueError):
     """The body is no AdmissionReview we can answer; ``str(e)`` is a fixed reason."""
 
 
-def _reject_constant(name: str) -> Any:
-    raise BadReview("body is not valid JSON (NaN or Infinity)")
-
-
-def _too_deep(value: Any, limit: int) -> bool:
-    stack = [(value, 1)]
-    while stack:
-        v, depth = stack.pop()
-        if depth > limit:
-            return True
-        if isinstance(v, dict):
-            stack.extend((x, depth + 1) for x in v.values())
-        elif isinstance(v, list):
-            stack.extend((x, depth + 1) for x in v)
-    return False
-
-
 def parse_json(body: bytes) -> Any:
-    """Strict JSON: UTF-8, no NaN/Infinity, at most ``MAX_DEPTH`` levels."""
+    """Strict JSON (observability.jsonbody: UTF-8, no NaN/Infinity, at most
+    ``MAX_DEPTH`` levels), or ``BadReview``."""
     try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError:
-        raise BadReview("body is not UTF-8") from None
-    try:
-        value = json.loads(text, parse_constant=_reject_constant)
-    except BadReview:
-        raise
-    except (ValueError, RecursionError):  # JSONDecodeError, digit limit, C-level depth
-        raise BadReview("body is not valid JSON") from None
-    if _too_deep(value, MAX_DEPTH):
-        raise BadReview(f"JSON nested deeper than {MAX_DEPTH} levels")
-    return value
+        return jsonbody.parse_json(body, MAX_DEPTH)
+    except jsonbody.BadJson as e:
+        raise BadReview(str(e)) from None
 
 
 def _envelope(value: Any) -> tuple[str, Mapping[str, Any]]:
