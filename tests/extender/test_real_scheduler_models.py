@@ -2,10 +2,10 @@
 
 Four Node objects (no kubelet: pods are bound, never run), two per GPU model, each with
 the GPU-product label and the agent's inventory annotation; the in-process extender and
-a second kube-scheduler (the local cluster's cached binary). Pods restricted by a nodeSelector on the
-product label (kube-scheduler filters) or by the gpu-share models annotation (the
-extender filters) are bound only to nodes of an allowed model; a pod asking for a model
-no node has stays Pending with the extender's reason.
+a second kube-scheduler (the local cluster's cached binary). Pods restricted by a
+nodeSelector on the product label (kube-scheduler filters) or by the gpu-share models
+annotation (the extender filters) are bound only to nodes of an allowed model; a pod
+asking for a model no node has stays Pending with the extender's reason.
 
 Needs the local cluster (hack/local-up-cluster.sh up); cleans up its nodes and pods.
 """
