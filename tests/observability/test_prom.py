@@ -78,9 +78,9 @@ OLD: list[tuple[str, str, str, tuple[str, ...]]] = [
      "Failed calls to the API server or PodResources, by operation.", ("op",)),
     ("counter", "gpu_share_loop_errors_total",
      "Failed passes of a supervised background loop (it went on after a pause).", ("loop",)),
-    ("gauge", "gpu_share_memory_unit_mib",
-     "Memory unit size in MiB, configured and in use (they differ while slices cut in an "
-     "older size run).", ("unit",)),
+    ("gauge", "gpu_share_memory_unit_bytes",
+     "Memory unit size in bytes, configured and in use (they differ while slices cut in "
+     "an older size run).", ("unit",)),
 ]
 
 

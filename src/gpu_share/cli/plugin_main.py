@@ -35,7 +35,7 @@ from gpu_share.errors import ConfigError, DeviceBackendError, GpuShareError, Kub
 from gpu_share.observability.http import HttpHandle, start_http
 from gpu_share.observability.logging import configure_logging
 from gpu_share.observability.loops import Interrupted, LoopSupervisor, interruptible
-from gpu_share.observability.metrics import Metrics
+from gpu_share.observability.metrics import MIB, Metrics
 from gpu_share.plugin.manager import PluginManager
 from gpu_share.plugin.podresources import PodResourcesClient
 from gpu_share.plugin.sizeguard import guard_devices
@@ -102,8 +102,8 @@ class PrometheusAgentMetrics(AgentMetrics):
         self.m.loop_errors_total.labels(loop=loop).inc()
 
     def memory_unit(self, configured_mib: int, in_use_mib: int) -> None:
-        self.m.memory_unit_mib.labels(unit="configured").set(configured_mib)
-        self.m.memory_unit_mib.labels(unit="in-use").set(in_use_mib)
+        self.m.memory_unit_bytes.labels(unit="configured").set(configured_mib * MIB)
+        self.m.memory_unit_bytes.labels(unit="in-use").set(in_use_mib * MIB)
 
 
 class _LazyKube:

@@ -43,7 +43,7 @@ from http.server import BaseHTTPRequestHandler
 from io import BufferedIOBase
 from typing import Any, cast
 
-from gpu_share.observability.prom import CONTENT_TYPE, Registry
+from gpu_share.observability.prom import CONTENT_TYPE, Gauge, Registry
 
 log = logging.getLogger(__name__)
 
@@ -698,6 +698,11 @@ def server_tls_context(
 
 # -- the agent's endpoint --------------------------------------------------------------
 
+READY_METRIC = "gpu_share_ready"
+READY_HELP = (
+    "1 while /readyz answers ok (the agent is registered with the kubelet), 0 otherwise."
+)
+
 AGENT_LIMITS = ServerLimits(
     workers=4, queue=16, max_connections=64, read_timeout_s=10.0, idle_timeout_s=30.0
 )
@@ -759,14 +764,27 @@ def start_http(
     readiness: Probe | None = None,
     limits: ServerLimits = AGENT_LIMITS,
 ) -> HttpHandle:
-    """Serve in a daemon thread; returns once the socket is bound (port 0: ephemeral)."""
+    """Serve in a daemon thread; returns once the socket is bound (port 0: ephemeral).
+
+    With ``readiness``, /metrics also carries ``READY_METRIC`` (what /readyz answers, as
+    1 or 0, asked at each scrape): the agent's readiness is its registration with the
+    kubelet, which an alert needs and no other metric shows (a DRA agent never counts
+    registrations)."""
+    ready_registry = Registry()
+    ready_gauge = Gauge(READY_METRIC, READY_HELP, registry=ready_registry)
+
+    def exposition() -> bytes:
+        if readiness is None:
+            return registry.expose()
+        ready_gauge.set(1 if _run_probe(readiness)[0] else 0)
+        return registry.expose() + ready_registry.expose()
 
     class Handler(BoundedHandler):
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
                 try:
-                    data = registry.expose()
+                    data = exposition()
                 except Exception:  # a broken collector: a fixed answer, the log has why
                     log.exception("collecting metrics failed")
                     self.send_error(HTTPStatus.INTERNAL_SERVER_ERROR, "collecting metrics failed")

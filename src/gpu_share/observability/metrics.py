@@ -36,6 +36,8 @@ LATENCY_BUCKETS: tuple[float, ...] = (
 
 UNIT_STATES: tuple[str, ...] = ("used", "free")
 
+MIB = 1024 * 1024  # memory sizes are configured in MiB, exported in bytes (base unit)
+
 # Distinct values kept per free-text label (reason, source, op, loop); each is an enum of
 # under 20 values today.
 REASON_CAP = 64
@@ -148,10 +150,10 @@ class Metrics:
             capped={"loop": REASON_CAP},
             registry=r,
         )
-        self.memory_unit_mib = Gauge(
-            f"{PREFIX}_memory_unit_mib",
-            "Memory unit size in MiB, configured and in use (they differ while slices cut "
-            "in an older size run).",
+        self.memory_unit_bytes = Gauge(
+            f"{PREFIX}_memory_unit_bytes",
+            "Memory unit size in bytes, configured and in use (they differ while slices "
+            "cut in an older size run).",
             ["unit"],
             registry=r,
         )
