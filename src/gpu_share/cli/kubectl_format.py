@@ -1,0 +1,256 @@
+"""Output of ``kubectl gpu-share``: kubectl-style tables (default and ``-o wide``) and
+JSON/YAML documents. No I/O: every function returns text."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import yaml
+
+from gpu_share.cli.kubectl_view import DeviceRow, FitResult, NodeRow, SliceRow
+
+BAR_WIDTH = 10
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Columns left-aligned, three spaces apart (as kubectl prints them)."""
+    widths = [len(h) for h in header]
+    for r in rows:
+        widths = [max(w, len(v)) for w, v in zip(widths, r, strict=True)]
+    lines = ["   ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip()
+             for r in (header, *rows)]
+    return "\n".join(lines) + "\n"
+
+
+def bar(used: int, total: int, width: int = BAR_WIDTH) -> str:
+    """``[###-------]``: any use shows at least one mark, a device not full never all."""
+    if total <= 0:
+        return "[" + "?" * width + "]"
+    used = max(0, min(used, total))
+    filled = round(used * width / total)
+    if used and not filled:
+        filled = 1
+    if used < total and filled == width:
+        filled = width - 1
+    return "[" + "#" * filled + "-" * (width - filled) + "]"
+
+
+def mib(value: int) -> str:
+    return f"{value // 1024}Gi" if value % 1024 == 0 else f"{value}Mi"
+
+
+def memory_pair(used_units: int, total_units: int, unit_mib: int) -> str:
+    """``6/16Gi`` (one suffix when both are whole GiB), else ``768Mi/16Gi``."""
+    used, total = used_units * unit_mib, total_units * unit_mib
+    if used % 1024 == 0 and total % 1024 == 0:
+        return f"{used // 1024}/{total // 1024}Gi"
+    return f"{mib(used)}/{mib(total)}"
+
+
+def block(free: tuple[int, int] | None, unit_mib: int) -> str:
+    if free is None:
+        return "<none>"
+    return f"{mib(free[0] * unit_mib)}/{free[1]}%"
+
+
+def age(created: str, now: datetime) -> str:
+    """kubectl's short age: 45s, 5m12s, 95m, 3h20m, 30h, 4d6h, 120d, 2y."""
+    try:
+        then = datetime.strptime(created, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    except ValueError:
+        return "<unknown>"
+    s = max(0, int((now - then).total_seconds()))
+    m, h, d = s // 60, s // 3600, s // 86400
+    if s < 120:
+        return f"{s}s"
+    if m < 10:
+        return f"{m}m{s % 60}s" if s % 60 else f"{m}m"
+    if m < 180:
+        return f"{m}m"
+    if h < 8:
+        return f"{h}h{m % 60}m" if m % 60 else f"{h}h"
+    if h < 48:
+        return f"{h}h"
+    if d < 8:
+        return f"{d}d{h % 24}h" if h % 24 else f"{d}d"
+    if d < 730:
+        return f"{d}d"
+    return f"{d // 365}y"
+
+
+def document(doc: Any, output: str) -> str:
+    if output == "yaml":
+        return str(yaml.safe_dump(doc, sort_keys=False, default_flow_style=False))
+    return json.dumps(doc, indent=2) + "\n"
+
+
+# ---------------------------------------------------------------- nodes
+
+
+def _health(d: DeviceRow) -> str:
+    return "Healthy" if d.healthy else "Unhealthy"
+
+
+def _usage(d: DeviceRow) -> str:
+    return f"mem{bar(d.memory_used, d.memory_total)} core{bar(d.cores_used, d.cores_total)}"
+
+
+def nodes_table(rows: Sequence[NodeRow], wide: bool = False) -> str:
+    header = ["NODE", "GPU", "MODEL", "MEMORY", "CORES", "HEALTH", "PODS", "LARGEST FREE",
+              "USAGE"]
+    if wide:
+        header += ["POOL", "UUID", "NUMA", "POD NAMES"]
+    out = []
+    for n in rows:
+        for d in n.devices:
+            r = [n.name, str(d.index), d.model, memory_pair(d.memory_used, d.memory_total,
+                                                            d.unit_mib),
+                 f"{d.cores_used}/{d.cores_total}", _health(d), str(len(d.pods)),
+                 block(n.largest_free, n.unit_mib), _usage(d)]
+            if wide:
+                r += [n.pool or "<none>", d.id, "<none>" if d.numa is None else str(d.numa),
+                      ",".join(d.pods) or "<none>"]
+            out.append(r)
+    return table(header, out)
+
+
+def _device_doc(d: DeviceRow) -> dict[str, Any]:
+    return {
+        "index": d.index,
+        "id": d.id,
+        "model": d.model,
+        "healthy": d.healthy,
+        "numa": d.numa,
+        "memoryUnits": {"total": d.memory_total, "used": d.memory_used,
+                        "free": d.memory_total - d.memory_used},
+        "memoryMiB": {"total": d.memory_total * d.unit_mib, "used": d.memory_used * d.unit_mib},
+        "cores": {"total": d.cores_total, "used": d.cores_used,
+                  "free": d.cores_total - d.cores_used},
+        "pods": list(d.pods),
+    }
+
+
+def nodes_doc(rows: Sequence[NodeRow]) -> dict[str, Any]:
+    return {
+        "kind": "GpuShareNodeList",
+        "items": [
+            {
+                "name": n.name,
+                "pool": n.pool or None,
+                "unitMiB": n.unit_mib,
+                "pods": list(n.pods),
+                "largestFree": (None if n.largest_free is None else
+                                {"memoryUnits": n.largest_free[0], "cores": n.largest_free[1]}),
+                "devices": [_device_doc(d) for d in n.devices],
+            }
+            for n in rows
+        ],
+    }
+
+
+# ---------------------------------------------------------------- pods
+
+
+def _device_cell(r: SliceRow) -> str:
+    if not r.device:
+        return "<none>"
+    return str(r.index) if r.index is not None else r.device
+
+
+def _memory_cell(r: SliceRow) -> str:
+    return f"{r.memory_units}u" if r.unit_mib is None else mib(r.memory_units * r.unit_mib)
+
+
+def pods_table(rows: Sequence[SliceRow], now: datetime, *, all_namespaces: bool,
+               wide: bool = False) -> str:
+    header = ["POD", "CONTAINER", "NODE", "GPU", "MEMORY", "CORES", "MODE", "SOURCE", "AGE"]
+    if all_namespaces:
+        header.insert(0, "NAMESPACE")
+    if wide:
+        header += ["UUID", "SIGNED"]
+    out = []
+    for r in rows:
+        cells = [r.pod, r.container, r.node or "<none>", _device_cell(r), _memory_cell(r),
+                 str(r.cores), "exclusive" if r.exclusive else "shared", r.source,
+                 age(r.created, now)]
+        if all_namespaces:
+            cells.insert(0, r.namespace)
+        if wide:
+            cells += [r.device or "<none>", "yes" if r.signed else "no"]
+        out.append(cells)
+    return table(header, out)
+
+
+def pods_doc(rows: Sequence[SliceRow]) -> dict[str, Any]:
+    return {
+        "kind": "GpuShareSliceList",
+        "items": [
+            {
+                "namespace": r.namespace,
+                "pod": r.pod,
+                "container": r.container,
+                "node": r.node or None,
+                "device": r.device or None,
+                "index": r.index,
+                "memoryUnits": r.memory_units,
+                "memoryMiB": None if r.unit_mib is None else r.memory_units * r.unit_mib,
+                "cores": r.cores,
+                "mode": "exclusive" if r.exclusive else "shared",
+                "source": r.source,
+                "signed": r.signed,
+                "created": r.created or None,
+            }
+            for r in rows
+        ],
+    }
+
+
+# ---------------------------------------------------------------- fit
+
+NO_INVENTORY = "no gpu-share inventory"
+
+
+def fit_text(res: FitResult, unit_mib: Mapping[str, int], wide: bool = False) -> str:
+    """Where it fits (best first), then why not elsewhere; nodes without an inventory
+    are one summary line unless ``wide``."""
+    if res.error:
+        return f"the pod is not valid: {res.error}\n"
+    parts = []
+    if res.fits:
+        parts.append(f"Fits on {len(res.fits)} node(s), best first:\n")
+        parts.append(table(
+            ["NODE", "SCORE", "DEVICES", "LARGEST FREE"],
+            [[f.node, str(f.score),
+              ",".join(f"{c}:{i}" for c, i, _ in f.devices) or "<none>",
+              block(f.free, unit_mib.get(f.node, 1024))] for f in res.fits],
+        ))
+    else:
+        parts.append("Fits on no node.\n")
+    failed = sorted(res.failed.items())
+    hidden = [] if wide else [n for n, why in failed if NO_INVENTORY in why]
+    shown = [(n, why) for n, why in failed if n not in set(hidden)]
+    if shown:
+        parts.append("Does not fit:\n")
+        parts.append(table(["NODE", "REASON"], [[n, why] for n, why in shown]))
+    if hidden:
+        names = ", ".join(hidden[:5]) + (", ..." if len(hidden) > 5 else "")
+        parts.append(f"{len(hidden)} node(s) without a gpu-share inventory: {names}"
+                     " (-o wide lists them)\n")
+    return "".join(parts)
+
+
+def fit_doc(res: FitResult, request: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "kind": "GpuShareFit",
+        "request": dict(request),
+        "error": res.error or None,
+        "fits": [
+            {"node": f.node, "score": f.score,
+             "devices": [{"container": c, "index": i, "id": u} for c, i, u in f.devices]}
+            for f in res.fits
+        ],
+        "failed": dict(sorted(res.failed.items())),
+    }
