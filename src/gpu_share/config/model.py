@@ -189,6 +189,8 @@ class ResourcesConfig(_Strict):
 
 
 class KubeletConfig(_Strict):
+    """Where the kubelet's device-plugin and PodResources sockets are."""
+
     device_plugin_dir: str = "/var/lib/kubelet/device-plugins"
     pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
     # Seconds to wait for one PodResources answer before degrading.
@@ -196,17 +198,23 @@ class KubeletConfig(_Strict):
 
 
 class MpsConfig(_Strict):
+    """NVIDIA MPS host dirs (runtime.enforcement: mps)."""
+
     pipe_dir: str = "/run/nvidia/mps"
     log_dir: str = "/var/log/nvidia-mps"
 
 
 class HamiCoreConfig(_Strict):
+    """HAMi-core host paths (runtime.enforcement: hami-core)."""
+
     library_path: str = "/usr/local/vgpu/libvgpu.so"
     preload_path: str = "/usr/local/vgpu/ld.so.preload"
     cache_dir: str = "/tmp/vgpu"
 
 
 class RuntimeConfig(_Strict):
+    """How devices and slice limits reach the container runtime."""
+
     device_list_strategy: list[ListStrategy] = Field(
         default_factory=lambda: [DeviceListStrategy.ENVVAR], min_length=1, max_length=8
     )
@@ -227,6 +235,8 @@ class RuntimeConfig(_Strict):
 
 
 class HealthConfig(_Strict):
+    """Device health: which XIDs count, recovery and polling."""
+
     # XIDs that are the application's fault, not the device's.
     # An empty list means the defaults (the NVML backend reads it so).
     ignored_xids: list[Xid] = Field(
@@ -265,6 +275,8 @@ class HealthConfig(_Strict):
 
 
 class DummyConfig(_Strict):
+    """Fake devices of the dummy backend (backend: dummy)."""
+
     device_count: int = Field(default=4, ge=0, le=64)
     # At most 16 TiB per device.
     memory_mib: int = Field(default=16384, ge=1, le=16 * 1024 * 1024, alias="memoryMiB")
@@ -280,6 +292,8 @@ class DummyConfig(_Strict):
 
 
 class PlacementConfig(_Strict):
+    """How the agent picks a device for a new slice."""
+
     policy: PolicyName = PlacementPolicyName.BEST_FIT
     # File holding the HMAC key of the scheduler extender's signed decisions (a mounted
     # Secret). Empty: extender decisions are ignored and the node policy always decides.
@@ -287,6 +301,8 @@ class PlacementConfig(_Strict):
 
 
 class IdentityConfig(_Strict):
+    """How the agent learns which pod and container a request is for."""
+
     # Ask the API server for pod specs (requests of every container).
     use_api_server: bool = True
     # Without PodResources/API answers: "refuse" fails the call, "single-device"
@@ -295,17 +311,23 @@ class IdentityConfig(_Strict):
 
 
 class MetricsConfig(_Strict):
+    """The /metrics, /healthz and /readyz server."""
+
     enabled: bool = True
     bind_address: str = "0.0.0.0"
     port: int = Field(default=9400, ge=0, le=65535)
 
 
 class LoggingConfig(_Strict):
+    """Log level and format."""
+
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["json", "text"] = "json"
 
 
 class PublishConfig(_Strict):
+    """What the agent writes to the API server."""
+
     node_annotation: bool = True
     pod_annotation: bool = True
     events: bool = True

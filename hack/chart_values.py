@@ -1,0 +1,88 @@
+"""The `# --` documentation comments of charts/gpu-share/values.yaml (helm-docs' convention).
+
+A comment block starting with `# --` documents the key right below it; the following
+`#` lines continue it. Plain comments (without `--`) document nothing. Keys inside list
+items (e.g. the entries of `tolerations`) are part of their list's default, not keys.
+Used by hack/chart-readme.py and hack/chart-schema.py; no network, no helm.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+CHART = REPO / "charts" / "gpu-share"
+VALUES = CHART / "values.yaml"
+
+_KEY = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z0-9_.-]+):(?:\s|$)")
+_DOC = re.compile(r"^ *# -- ?(?P<text>.*)$")
+_MORE = re.compile(r"^ *#(?: (?P<text>.*))?$")
+
+
+@dataclass(frozen=True)
+class Documented:
+    path: str  # dotted key, e.g. "agentConfig.dummy.deviceCount"
+    description: str
+    value: Any  # the default in values.yaml
+
+
+def _lookup(values: Any, path: str) -> Any:
+    node = values
+    for part in path.split("."):
+        node = node[part]
+    return node
+
+
+def _scan(text: str) -> dict[str, str]:
+    """{dotted key: its `# --` description}, in file order."""
+    docs: dict[str, str] = {}
+    stack: list[tuple[int, str]] = []
+    pending: list[str] | None = None
+    list_owner = -1  # indent of the key whose list items are being skipped
+    for line in text.splitlines():
+        if m := _DOC.match(line):
+            pending = [m["text"].strip()]
+            continue
+        if pending is not None and (m := _MORE.match(line)):
+            pending.append((m["text"] or "").strip())
+            continue
+        if not line.strip() or line.lstrip().startswith("#"):
+            pending = None
+            continue
+        indent = len(line) - len(line.lstrip())
+        if line.lstrip().startswith("-"):
+            list_owner = stack[-1][0] if stack else -1
+            continue
+        key = _KEY.match(line)
+        if key is None or (list_owner >= 0 and indent > list_owner):
+            continue
+        list_owner = -1
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        stack.append((indent, key["key"]))
+        if pending is not None:
+            docs[".".join(k for _, k in stack)] = " ".join(p for p in pending if p)
+        pending = None
+    return docs
+
+
+def documented(path: Path = VALUES) -> list[Documented]:
+    """Every documented key of ``path`` with its description and default, in file order."""
+    text = path.read_text()
+    values = yaml.safe_load(text)
+    return [Documented(k, d, _lookup(values, k)) for k, d in _scan(text).items()]
+
+
+def leaves(values: Any, prefix: str = "") -> list[str]:
+    """Dotted paths of every non-map value (a non-empty map is walked into)."""
+    if not isinstance(values, dict) or not values:
+        return [prefix]
+    out: list[str] = []
+    for key, sub in values.items():
+        out += leaves(sub, f"{prefix}.{key}" if prefix else key)
+    return out
