@@ -26,26 +26,11 @@ from typing import Any
 from pydantic import BaseModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from chart_values import CHART, documented
+from chart_values import CHART, CHART_OWNED, documented
 
 from gpu_share.config.model import AgentConfig
 
 SCHEMA = CHART / "values.schema.json"
-
-# Keys the chart sets itself (hostPaths, the Downward API) or pins: not values.
-CHART_OWNED = frozenset(
-    {
-        "version",
-        "nodeName",
-        "stateDir",
-        "kubelet.devicePluginDir",
-        "kubelet.podResourcesSocket",
-        "metrics.enabled",
-        "dra.pluginDir",
-        "dra.registrationDir",
-        "dra.cdiDir",
-    }
-)
 
 _ABS_PATH = {"type": "string", "pattern": "^/.*[^/]$|^/$"}
 _DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"

@@ -86,3 +86,19 @@ def leaves(values: Any, prefix: str = "") -> list[str]:
     for key, sub in values.items():
         out += leaves(sub, f"{prefix}.{key}" if prefix else key)
     return out
+
+
+# Keys the chart sets itself (hostPaths, the Downward API) or pins: not values.
+CHART_OWNED = frozenset(
+    {
+        "version",
+        "nodeName",
+        "stateDir",
+        "kubelet.devicePluginDir",
+        "kubelet.podResourcesSocket",
+        "metrics.enabled",
+        "dra.pluginDir",
+        "dra.registrationDir",
+        "dra.cdiDir",
+    }
+)

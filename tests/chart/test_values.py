@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
 from enum import StrEnum
 from typing import Any, get_args
 
@@ -76,19 +78,18 @@ def test_schema_enums_equal_python_enums(path: tuple[str, ...], python_values: s
     assert _schema_enum(*path) == as_str
 
 
-# Keys of AgentConfig the chart sets itself (from hostPaths / Downward API), or pins.
-CHART_OWNED = {
-    "version",
-    "nodeName",
-    "stateDir",
-    "kubelet.devicePluginDir",
-    "kubelet.podResourcesSocket",
-    "metrics.enabled",
-    # DRA dirs: from hostPaths (kubelet plugin dirs) and the cdi-dynamic mount.
-    "dra.pluginDir",
-    "dra.registrationDir",
-    "dra.cdiDir",
-}
+def _chart_owned() -> frozenset[str]:
+    """Keys of AgentConfig the chart sets itself (hostPaths, the Downward API) or pins:
+    the one list, in hack/chart_values.py (the schema generator reads it too)."""
+    spec = importlib.util.spec_from_file_location("chart_values", REPO / "hack" / "chart_values.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("chart_values", module)  # its dataclasses look themselves up
+    spec.loader.exec_module(module)
+    return frozenset(module.CHART_OWNED)
+
+
+CHART_OWNED = _chart_owned()
 
 
 def _model_keys(cls: type[BaseModel], prefix: str = "") -> set[str]:
