@@ -273,3 +273,34 @@ def test_concurrent_calls(tmp_path: Path) -> None:
     assert sorted(ckpt["claims"]) == sorted(r.uid for r in refs)
     assert all(spec_path(tmp_path, r.uid).exists() for r in refs)
     assert len(list((tmp_path / "cdi").iterdir())) == len(refs)  # no temp files left
+
+
+def test_a_claim_that_would_over_commit_a_device_is_refused_until_the_other_goes(
+    tmp_path: Path,
+) -> None:
+    """The scheduler never allocates beyond a device's capacity, but a forged or stale
+    claim status must not either: a claim that, with those prepared on the node, would
+    give a device more than it has is refused (the kubelet retries), also after a
+    restart (the checkpoint keeps every claim's shares)."""
+    src = Claims()
+    first = src.add(claim(result("gpu-0", consumedCapacity={"memory": "10Gi", "cores": "70"})))
+    second = src.add(claim(result("gpu-0", consumedCapacity={"memory": "4Gi", "cores": "40"})),
+                     name="d", uid=UID2)
+    p = preparer(tmp_path, src)
+    assert p.prepare([first])[UID].error == ""
+    refused = p.prepare([second])[UID2]
+    assert "110/100 cores" in refused.error and refused.devices == ()
+    assert not spec_path(tmp_path, UID2).exists()
+    again = preparer(tmp_path, src)  # a restarted agent: shares from the checkpoint
+    assert "110/100 cores" in again.prepare([second])[UID2].error
+    assert again.unprepare([first]) == {UID: ""}
+    assert again.prepare([second])[UID2].error == ""
+
+
+def test_a_whole_device_claim_is_not_prepared_next_to_a_share(tmp_path: Path) -> None:
+    src = Claims()
+    share = src.add(claim(result("gpu-2", consumedCapacity={"memory": "1Gi", "cores": "0"})))
+    whole = src.add(claim(result("gpu-2")), name="d", uid=UID2)  # no consumedCapacity: all
+    p = preparer(tmp_path, src)
+    assert p.prepare([share])[UID].error == ""
+    assert "held whole" in p.prepare([whole])[UID2].error

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpu_share.config.model import DummyConfig, EnforcementMode
+from gpu_share.devices.base import Device
 from gpu_share.devices.dummy import DummyBackend
 from gpu_share.sharing.cdi import ENV_CDI_DEVICE_PREFIX
 from gpu_share.sharing.dra_claims import (
@@ -21,6 +22,7 @@ from gpu_share.sharing.dra_claims import (
     claim_cdi_device_id,
     claim_cdi_spec,
     claim_spec_file_name,
+    over_capacity,
     parse_claim,
 )
 from gpu_share.sharing.inventory import Inventory
@@ -384,3 +386,31 @@ def test_mutated_claims_only_raise_claim_error(obj: dict[str, Any]) -> None:
         return
     for s in c.shares:  # whatever is accepted is within the device
         assert 1 <= s.memory_units <= 16 and 0 <= s.cores <= 100
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    held=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 16), st.integers(0, 100)),
+                  max_size=6),
+    new=st.tuples(st.integers(0, 2), st.integers(0, 16), st.integers(0, 100), st.booleans()),
+)
+def test_over_capacity_accepts_exactly_what_fits(
+    held: list[tuple[int, int, int]], new: tuple[int, int, int, bool]
+) -> None:
+    """over_capacity (the prepare-time guard): a share is refused exactly when, with the
+    shares held on its device, memory or cores would exceed the device, or a whole-device
+    share would meet another share."""
+    inv = Inventory.from_devices(
+        [Device(uuid=f"GPU-{i}", index=i, minor=i, memory_mib=16 * 1024, model="T4")
+         for i in range(3)], 1024,
+    )
+    shares = [DeviceShare(f"GPU-{d}", m, c) for d, m, c in held]
+    d, m, c, whole = new
+    share = DeviceShare(f"GPU-{d}", m, c, whole)
+    mine = [h for h in shares if h.device == share.device]
+    fits = (
+        m + sum(h.memory_units for h in mine) <= 16
+        and c + sum(h.cores for h in mine) <= 100
+        and not (whole and mine)
+    )
+    assert (over_capacity(shares, [share], inv) is None) == fits

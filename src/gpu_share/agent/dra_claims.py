@@ -42,15 +42,18 @@ from gpu_share.errors import GpuShareError
 from gpu_share.sharing.cdi import uses_cdi
 from gpu_share.sharing.dra_claims import (
     CLAIM_UID,
+    ClaimError,
+    ClaimReason,
     ParsedClaim,
     claim_cdi_device_id,
     claim_cdi_spec,
     claim_spec_file_name,
+    over_capacity,
     parse_claim,
 )
 from gpu_share.sharing.inventory import Inventory
 from gpu_share.sharing.ledger import EntrySource, LedgerEntry
-from gpu_share.sharing.model import ContainerRef
+from gpu_share.sharing.model import ContainerRef, DeviceShare
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +85,7 @@ class _Prepared:
     devices: tuple[PreparedDevice, ...]
     spec: Mapping[str, Any]  # the CDI spec written for it
     host_dir: str = ""  # hami-core cache dir key, "" when none
+    shares: tuple[DeviceShare, ...] = ()  # what it holds of each device (capacity check)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -98,6 +102,11 @@ class _Prepared:
             ],
             "spec": self.spec,
             "hostDir": self.host_dir,
+            "shares": [
+                {"device": h.device, "memoryUnits": h.memory_units, "cores": h.cores,
+                 "exclusive": h.exclusive}
+                for h in self.shares
+            ],
         }
 
     @classmethod
@@ -111,6 +120,7 @@ class _Prepared:
             devices=devices,
             spec=raw["spec"],
             host_dir=_str(raw.get("hostDir", "")),
+            shares=tuple(_share_from_json(h) for h in _list(raw.get("shares", []))),
         )
 
 
@@ -135,6 +145,22 @@ def _device_from_json(raw: Any) -> PreparedDevice:
         device=_str(raw.get("device")),
         cdi_device_ids=tuple(_str(i) for i in _list(raw.get("cdiDeviceIds"))),
     )
+
+
+def _share_from_json(raw: Any) -> DeviceShare:
+    if not isinstance(raw, dict):
+        raise CheckpointError("a share entry is not an object")
+    exclusive = raw.get("exclusive")
+    if not isinstance(exclusive, bool):
+        raise CheckpointError("a share entry has no exclusive flag")
+    return DeviceShare(_str(raw.get("device")), _count(raw.get("memoryUnits")),
+                       _count(raw.get("cores")), exclusive)
+
+
+def _count(v: Any) -> int:
+    if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= 1 << 30:
+        raise CheckpointError("a share entry has a bad count")
+    return v
 
 
 def _json_bytes(doc: Any) -> bytes:
@@ -171,6 +197,8 @@ class DraClaimPreparer:
         self._lock = threading.Lock()  # _claims and the checkpoint file
         self._stripes = [threading.Lock() for _ in range(LOCK_STRIPES)]
         self._claims: dict[str, _Prepared] = self._load()
+        # Claims being prepared now (checked against capacity, not yet recorded).
+        self._reserved: dict[str, tuple[DeviceShare, ...]] = {}
 
     # -- ClaimPreparer
 
@@ -213,6 +241,28 @@ class DraClaimPreparer:
         inv = self._inventory()
         claim = parse_claim(obj, uid=ref.uid, driver=self.driver, pool=self.pool,
                             inventory=inv)
+        self._reserve(claim, inv)
+        try:
+            return self._write_new(claim, inv)
+        finally:
+            with self._lock:
+                self._reserved.pop(claim.uid, None)
+
+    def _reserve(self, claim: ParsedClaim, inv: Inventory) -> None:
+        """Refuse a claim that would over-commit a device with the claims prepared (or
+        being prepared) here: the scheduler never allocates so, but a forged or stale
+        claim status must not give a container more than the device has."""
+        with self._lock:
+            held = [
+                *(h for uid, p in self._claims.items() if uid != claim.uid for h in p.shares),
+                *(h for uid, r in self._reserved.items() if uid != claim.uid for h in r),
+            ]
+            why = over_capacity(held, claim.shares, inv)
+            if why is not None:
+                raise ClaimError(why, ClaimReason.OVER_CAPACITY)
+            self._reserved[claim.uid] = claim.shares
+
+    def _write_new(self, claim: ParsedClaim, inv: Inventory) -> tuple[PreparedDevice, ...]:
         runtime = self._runtime(claim)
         host_dir = ""
         cache: str | None = None
@@ -235,6 +285,7 @@ class DraClaimPreparer:
             ),
             spec=spec,
             host_dir=host_dir,
+            shares=claim.shares,
         )
         write_atomic(self._spec_path(claim.uid), _json_bytes(spec), SPEC_MODE)
         self._record(claim.uid, prepared)

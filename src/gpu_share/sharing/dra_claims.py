@@ -56,6 +56,9 @@ class ClaimReason(StrEnum):
     DEVICE_UNHEALTHY = "DeviceUnhealthy"
     BAD_CAPACITY = "ClaimBadCapacity"
     BAD_CONFIG = "ClaimBadConfig"
+    # With the claims already prepared on this node, a device would be over-committed
+    # (an allocation the scheduler should never make: a forged or stale claim status).
+    OVER_CAPACITY = "ClaimOverCapacity"
 
 
 class ClaimError(GpuShareError):
@@ -106,6 +109,38 @@ class ParsedClaim:
     @property
     def shares(self) -> tuple[DeviceShare, ...]:
         return tuple(d.share for d in self.devices)
+
+
+def over_capacity(
+    held: Iterable[DeviceShare], new: Sequence[DeviceShare], inventory: Inventory
+) -> str | None:
+    """Why ``new`` on top of the shares ``held`` on this node would over-commit one of
+    its devices (or hold an exclusive device twice), or None."""
+    held = list(held)
+    for share in new:
+        mine = [h for h in held if h.device == share.device]
+        why = _device_over(share, mine, inventory.get(share.device))
+        if why is not None:
+            return why
+    return None
+
+
+def _device_over(
+    share: DeviceShare, mine: Sequence[DeviceShare], dev: DeviceCapacity | None
+) -> str | None:
+    if dev is None:
+        return f"device {share.device} is not on this node"
+    name = f"gpu-{dev.index}"
+    if mine and (share.exclusive or any(h.exclusive for h in mine)):
+        return f"{name} is held whole by another prepared claim, or this claim wants it whole"
+    memory = share.memory_units + sum(h.memory_units for h in mine)
+    cores = share.cores + sum(h.cores for h in mine)
+    if memory > dev.memory_units or cores > dev.cores:
+        return (
+            f"{name} would hold {memory}/{dev.memory_units} memory units and "
+            f"{cores}/{dev.cores} cores with the claims prepared on it"
+        )
+    return None
 
 
 # ---- JSON shape helpers -------------------------------------------------------------------
