@@ -1,0 +1,330 @@
+"""Story 13: the chart's second scheduler (``scheduler.enabled``: kube-scheduler + the
+gpu-share extender as a sidecar on 127.0.0.1) on the real local cluster.
+
+The kube-scheduler image is ``localhost/kube-scheduler:local``, built from the cluster's
+own cached kube-scheduler binary (hack/build-scheduler-image.sh) and imported into its
+containerd. The local cluster has no kube-proxy and its API server listens on 127.0.0.1
+only, so the scheduler pod runs in the host network and is pointed at 127.0.0.1:6443 (as
+the agent is in values-examples/local-cluster.yaml). The chart has no values for that on
+the scheduler, so a helm post-renderer adds ``hostNetwork``, the two env vars, another
+secure port (the cluster's own scheduler holds 10259 on the host) and the ``Recreate``
+strategy (a surge pod on the one node could not bind the old pod's host ports).
+
+13a a pod with ``schedulerName: gpu-share-scheduler`` asking a slice is bound by the
+    extender with a signed decision, and the agent follows it: the assignment says
+    ``source: extender`` and names the decision's device, which is what the kubelet
+    handed out and what the container was told;
+13b a pod asking more memory units than one device has (but fewer than the node has
+    free) stays Pending, ``PodScheduled=False/Unschedulable``, with the extender's
+    reason in its FailedScheduling event; it is never sent to the kubelet;
+13c ``helm upgrade`` to another decision key (``scheduler.decisionKey.existingSecret``)
+    rolls the scheduler and the agent; a pod running before keeps its uid, its restart
+    count and its device ids; a new pod lands with a decision signed by the new key (and
+    not by the old one), which the agent follows.
+
+Whatever happens, the module restores the chart's values with ``scheduler.enabled=false``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import secrets
+import stat
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from gpu_share.sharing.decision import DecisionError, decision_key, verify_binding
+from tests.e2e.support import (
+    AGENT_NS,
+    ASSIGNMENT,
+    MEM,
+    RELEASE,
+    UNITS_PER_DEVICE,
+    Kube,
+    container,
+    device_of,
+    pod,
+)
+from tests.harness import REPO, run_script, wait_until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+SCHEDULER = "gpu-share-scheduler"  # scheduler.name
+DEPLOYMENT = f"{RELEASE}-scheduler"  # the chart's full name is the release name
+GENERATED_KEY = f"{RELEASE}-decision-key"
+ROTATED_KEY = f"{RELEASE}-e2e-decision-key-2"
+DECISION = decision_key("vendor.com")  # gpu-share.vendor.com/decision
+IMAGE_SCRIPT = REPO / "hack" / "build-scheduler-image.sh"
+# Not 10259: the local cluster's own kube-scheduler listens there on the host.
+SECURE_PORT = 10359
+
+# helm post-renderer: the local cluster's specifics for the scheduler Deployment only.
+POST_RENDERER = """\
+import sys
+import yaml
+
+PORT = {port}
+ENV = [
+    {{"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"}},
+    {{"name": "KUBERNETES_SERVICE_PORT", "value": "6443"}},
+]
+docs = [d for d in yaml.safe_load_all(sys.stdin) if d]
+for d in docs:
+    if d.get("kind") != "Deployment" or d["metadata"]["name"] != "{deployment}":
+        continue
+    # One node, host ports: the old pod must be gone before the new one binds them.
+    d["spec"]["strategy"] = {{"type": "Recreate"}}
+    spec = d["spec"]["template"]["spec"]
+    spec["hostNetwork"] = True
+    spec["dnsPolicy"] = "ClusterFirstWithHostNet"
+    for c in spec["containers"]:
+        c["env"] = [*c.get("env", []), *(dict(e) for e in ENV)]
+        if c["name"] == "kube-scheduler":
+            c["command"].append(f"--secure-port={{PORT}}")
+            c["livenessProbe"]["httpGet"]["port"] = PORT
+yaml.safe_dump_all(docs, sys.stdout, sort_keys=False)
+"""
+
+
+def _say(msg: str) -> None:
+    print(f"[story 13] {msg}", flush=True)
+
+
+@dataclass
+class Scheduled:
+    kube: Kube
+    args: tuple[str, ...]  # the helm values and post-renderer of the scheduler setup
+
+
+def _scheduler_pods(kube: Kube) -> list[dict[str, Any]]:
+    sel = "app.kubernetes.io/component=scheduler"
+    pods = kube.get("pods", "-n", AGENT_NS, "-l", sel)["items"]
+    return [p for p in pods if p["metadata"].get("deletionTimestamp") is None]
+
+
+def _ready(p: Mapping[str, Any]) -> bool:
+    conds = {c["type"]: c["status"] for c in p.get("status", {}).get("conditions", [])}
+    return conds.get("Ready") == "True"
+
+
+def _scheduler_logs(kube: Kube) -> str:
+    out = kube.kubectl(
+        "-n",
+        AGENT_NS,
+        "logs",
+        "-l",
+        "app.kubernetes.io/component=scheduler",
+        "--all-containers",
+        "--tail=40",
+        check=False,
+    )
+    return out.stdout + out.stderr
+
+
+def _upgrade(kube: Kube, *extra: str) -> None:
+    """helm upgrade; then a new ready agent pod serving every device (the agent's config
+    or its key's Secret changed, so its pod is replaced)."""
+    old = kube.ready_agent()
+    old_uid = old["metadata"]["uid"] if old else None
+    kube.install(*extra, action="upgrade")
+    wait_until(
+        "a new ready agent pod",
+        lambda: p if (p := kube.ready_agent()) and p["metadata"]["uid"] != old_uid else None,
+        180,
+    )
+    kube.wait_agent_serving()
+
+
+def _secret_key(kube: Kube, name: str) -> bytes:
+    data = kube.get("secret", name, "-n", AGENT_NS)["data"]["key"]
+    return base64.b64decode(data).strip()
+
+
+@pytest.fixture(scope="module")
+def scheduled(kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scheduled]:
+    build = run_script(script=IMAGE_SCRIPT, timeout=900, stream=True)
+    assert build.returncode == 0, "hack/build-scheduler-image.sh failed: see above"
+    tmp = tmp_path_factory.mktemp("scheduler")
+    renderer = tmp / "post-render.py"
+    body = POST_RENDERER.format(port=SECURE_PORT, deployment=DEPLOYMENT)
+    renderer.write_text(f"#!{sys.executable}\n{body}")
+    renderer.chmod(renderer.stat().st_mode | stat.S_IXUSR)
+    values = tmp / "scheduler.yaml"
+    values.write_text(
+        json.dumps(
+            {
+                "scheduler": {
+                    "enabled": True,
+                    "name": SCHEDULER,
+                    "image": {
+                        "registry": "localhost",
+                        "repository": "kube-scheduler",
+                        "tag": "local",
+                    },
+                    "extender": {"mode": "sidecar"},
+                }
+            }
+        )
+    )
+    args = ("-f", str(values), "--post-renderer", str(renderer))
+    if not kube.installed():
+        kube.install()
+    kube.wait_agent_serving()
+    try:
+        _upgrade(kube, *args)  # --wait: the scheduler Deployment too
+        pods = wait_until(
+            "a ready scheduler pod", lambda: [p for p in _scheduler_pods(kube) if _ready(p)], 120
+        )
+        _say(f"scheduler installed: {[p['metadata']['name'] for p in pods]}")
+        yield Scheduled(kube, args)
+    except BaseException:
+        _say(f"scheduler logs:\n{_scheduler_logs(kube)}")
+        raise
+    finally:
+        _upgrade(kube)  # the pool's own values: scheduler.enabled=false
+        wait_until("scheduler pods gone", lambda: not _scheduler_pods(kube), 120)
+        # The generated key is kept on uninstall (resource-policy keep): start clean.
+        for name in (GENERATED_KEY, ROTATED_KEY):
+            kube.kubectl(
+                "-n", AGENT_NS, "delete", "secret", name, "--ignore-not-found", check=False
+            )
+
+
+def _gpu_pod(name: str, ns: str, memory: int, cores: int = 0) -> dict[str, Any]:
+    doc = pod(name, ns, [container("main", memory, cores)])
+    doc["spec"]["schedulerName"] = SCHEDULER
+    return doc
+
+
+def _running(kube: Kube, ns: str, name: str, timeout: int = 120) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        p = kube.get("pod", name, "-n", ns)
+        phase = p["status"].get("phase")
+        assert phase not in ("Failed", "Succeeded"), (phase, kube.events(ns, name))
+        return p if phase == "Running" and _ready(p) else None
+
+    try:
+        return wait_until(f"pod {name} running", check, timeout)
+    except BaseException:
+        _say(f"events of {name}: {kube.events(ns, name)}\n{_scheduler_logs(kube)}")
+        raise
+
+
+def _landed(kube: Kube, ns: str, name: str, key: bytes) -> tuple[dict[str, Any], str]:
+    """The running pod and its device, after checking that the extender's decision (signed
+    with ``key``) names that device, the agent followed it, and the kubelet and the
+    container agree."""
+    p = _running(kube, ns, name)
+    meta = p["metadata"]
+    assert p["spec"]["nodeName"] == kube.node
+    d = verify_binding(meta["annotations"][DECISION], key, meta["uid"], kube.node)
+    chosen = d.devices_of("main")
+    assert chosen is not None and len(chosen) == 1, d
+    doc = wait_until(
+        f"the assignment of {name}",
+        lambda: kube.get("pod", name, "-n", ns)["metadata"].get("annotations", {}).get(ASSIGNMENT),
+        60,
+    )
+    main = json.loads(doc)["containers"]["main"]
+    assert main["source"] == "extender", main  # the agent verified and followed it
+    assert [dev["id"] for dev in main["devices"]] == list(chosen), (main, chosen)
+    held = kube.namespace_devices(ns)[(ns, name, "main")]
+    assert {device_of(i) for ids in held.values() for i in ids} == set(chosen), held
+    seen = wait_until(f"the SEEN line of {name}", lambda: kube.seen(ns, name, "main"), 60)
+    assert seen["ids"] == chosen[0], seen
+    return p, chosen[0]
+
+
+def test_story13a_scheduled_pod_runs_on_the_extenders_device(
+    scheduled: Scheduled, namespace: str
+) -> None:
+    kube = scheduled.kube
+    key = _secret_key(kube, GENERATED_KEY)
+    kube.apply([_gpu_pod("slice", namespace, 4, 30)])
+    _, dev = _landed(kube, namespace, "slice", key)
+    seen = kube.seen(namespace, "slice", "main")
+    assert seen["mem"] == "4096" and seen["cores"] == "30", seen
+    events = kube.events(namespace, "slice")
+    assert any(e.startswith("Scheduled:") for e in events), events
+    _say(f"slice on {dev} (signed decision followed); events {events}")
+
+
+def _unschedulable(kube: Kube, ns: str, name: str) -> dict[str, Any] | None:
+    p = kube.get("pod", name, "-n", ns)
+    conds = p["status"].get("conditions", [])
+    hit = any(c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable" for c in conds)
+    return p if hit else None
+
+
+def test_story13b_pod_no_single_device_fits_stays_pending(
+    scheduled: Scheduled, namespace: str
+) -> None:
+    kube = scheduled.kube
+    free = kube.node_resources()["allocatable"][MEM]
+    want = UNITS_PER_DEVICE + 1
+    assert want < free, (want, free)  # the node-wide sum would fit
+    kube.apply([_gpu_pod("too-big", namespace, want)])
+    wait_until("too-big Unschedulable", lambda: _unschedulable(kube, namespace, "too-big"), 90)
+
+    def reason() -> list[str] | None:
+        msgs = [e for e in kube.events(namespace, "too-big") if e.startswith("FailedScheduling")]
+        return msgs if any("no single device fits" in m for m in msgs) else None
+
+    msgs = wait_until("the extender's reason in FailedScheduling", reason, 60)
+    assert any(f"{want} memory units" in m for m in msgs), msgs
+    time.sleep(5)  # and it stays that way
+    p = kube.get("pod", "too-big", "-n", namespace)
+    assert p["status"].get("phase") == "Pending" and not p["spec"].get("nodeName"), p["status"]
+    assert DECISION not in p["metadata"].get("annotations", {})
+    _say(f"too-big Pending: {msgs[-1]}")
+
+
+def test_story13c_key_rotation_keeps_running_pods(scheduled: Scheduled, namespace: str) -> None:
+    kube = scheduled.kube
+    old_key = _secret_key(kube, GENERATED_KEY)
+    kube.apply([_gpu_pod("before", namespace, 4, 30)])
+    before, dev = _landed(kube, namespace, "before", old_key)
+    held = kube.namespace_devices(namespace)
+    sched_before = {p["metadata"]["uid"] for p in _scheduler_pods(kube)}
+
+    new_key = secrets.token_urlsafe(36).encode()
+    kube.kubectl("-n", AGENT_NS, "delete", "secret", ROTATED_KEY, "--ignore-not-found")
+    kube.kubectl(
+        "-n",
+        AGENT_NS,
+        "create",
+        "secret",
+        "generic",
+        ROTATED_KEY,
+        f"--from-literal=key={new_key.decode()}",
+    )
+    _upgrade(kube, *scheduled.args, "--set", f"scheduler.decisionKey.existingSecret={ROTATED_KEY}")
+    wait_until(
+        "the scheduler pod rolled",
+        lambda: (
+            (ps := [p for p in _scheduler_pods(kube) if _ready(p)])
+            and not {p["metadata"]["uid"] for p in ps} & sched_before
+            and len(_scheduler_pods(kube)) == len(ps)
+        ),
+        180,
+    )
+    _say("decision key rotated: scheduler and agent rolled")
+
+    after = kube.get("pod", "before", "-n", namespace)
+    assert after["metadata"]["uid"] == before["metadata"]["uid"]
+    assert after["status"]["phase"] == "Running", after["status"]
+    assert [c["restartCount"] for c in after["status"]["containerStatuses"]] == [0]
+    assert kube.namespace_devices(namespace) == held
+
+    kube.apply([_gpu_pod("after", namespace, 4, 30)])
+    p, dev2 = _landed(kube, namespace, "after", new_key)
+    text = p["metadata"]["annotations"][DECISION]
+    with pytest.raises(DecisionError):
+        verify_binding(text, old_key, p["metadata"]["uid"], kube.node)
+    _say(f"after rotation: before on {dev} untouched, after on {dev2} with the new key")
