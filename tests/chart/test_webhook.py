@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpu_share.cli.webhook_main import parse_args, settings_of
+from gpu_share.cli.webhook_main import namespace_label_of, parse_args, settings_of
 from gpu_share.kube.claim_templates import WEBHOOK_RULES
 from gpu_share.sharing.model import ResourceNames
 from gpu_share.webhook.tls import server_context
@@ -234,6 +234,17 @@ def test_flags_are_the_agents_settings(
     expr = hook["matchConditions"][0]["expression"]
     assert all(expr.count(f'"{n}"') == 4 for n in names), expr
     assert one(objs, "DeviceClass")["metadata"]["name"] == driver
+
+
+@pytest.mark.parametrize("label", [("gpu-share.vendor.com/dra", "enabled"), ("team/gpu", "yes")])
+def test_the_webhook_checks_the_label_its_configuration_selects(label: tuple[str, str]
+                                                                ) -> None:
+    """The namespace label the webhook checks itself before creating templates is the
+    one the configuration's namespaceSelector matches."""
+    sets = [f"webhook.namespaceLabel.key={label[0]}", f"webhook.namespaceLabel.value={label[1]}"]
+    objs = render(helm_path(4), sets=[*ON, *sets])
+    assert namespace_label_of(parse_args(_args(objs))) == label
+    assert _hook(objs)["namespaceSelector"]["matchLabels"] == {label[0]: label[1]}
 
 
 # ---------------------------------------------------------------- webhook configuration

@@ -13,7 +13,7 @@ from kube_fakes import Call, FakeStream, fake_rest, pod_obj, status_obj
 
 import gpu_share.kube
 from gpu_share.config.model import ResourcesConfig
-from gpu_share.kube.claim_templates import WEBHOOK_RULES, ClaimTemplates
+from gpu_share.kube.claim_templates import WEBHOOK_RULES, ClaimTemplates, OptInNamespaces
 from gpu_share.kube.pods import KubePodSource, NodePodCache
 from gpu_share.kube.publish import KubePublisher
 from gpu_share.kube.rbac import AGENT_RULES, merged_rules
@@ -166,7 +166,9 @@ def test_rules_have_no_duplicates() -> None:
 WEBHOOK_MODULES = {"claim_templates.py"}
 WEBHOOK_VERBS = {"create": "create", "get": "get"}
 # A call of the webhook's client on a path made by templates_path(namespace[, name]).
-WEBHOOK_CALL = re.compile(r"_api\.(\w+)\((?:[^()]|\([^()]*\))*?templates_path\(([^()]*)\)")
+WEBHOOK_CALL = re.compile(
+    r"_api\.(\w+)\((?:[^()]|\([^()]*\))*?(templates_path|namespace_path)\(([^()]*)\)"
+)
 
 
 def webhook_granted() -> set[tuple[str, str, str]]:
@@ -174,10 +176,11 @@ def webhook_granted() -> set[tuple[str, str, str]]:
 
 
 def _apis_rbac(call: Call) -> tuple[str, str, str]:
-    """(apiGroup, resource, verb) of a request on a /apis/<group>/<version>/ path."""
+    """(apiGroup, resource, verb) of a request on an /api/v1/ or /apis/<group>/<version>/
+    path."""
     parts = call.path.strip("/").split("/")
-    assert parts[0] == "apis", call.path
-    group, rest = parts[1], parts[3:]
+    assert parts[0] in ("api", "apis"), call.path
+    group, rest = ("", parts[2:]) if parts[0] == "api" else (parts[1], parts[3:])
     if rest[:1] == ["namespaces"] and len(rest) >= 3:
         rest = rest[2:]
     verb = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(
@@ -188,7 +191,8 @@ def _apis_rbac(call: Call) -> tuple[str, str, str]:
 
 def test_webhook_calls_are_granted_by_webhook_rules_and_every_rule_is_used() -> None:
     """ClaimTemplates driven through both of its paths (a new template: create; one that
-    exists: create answered 409, then get) against a fake API server."""
+    exists: create answered 409, then get) and OptInNamespaces (get) against a fake API
+    server."""
     settings = TranslationSettings(
         ResourceNames("vendor.com/vcuda-memory", "vendor.com/vcuda-core"), 1024
     )
@@ -205,24 +209,30 @@ def test_webhook_calls_are_granted_by_webhook_rules_and_every_rule_is_used() -> 
     templates = ClaimTemplates(api)
     assert templates.ensure(new) == "created"
     assert templates.ensure(old) == "exists"
+    assert OptInNamespaces(api, "k", "v").opted_in("team-a") is False
     used = {_apis_rbac(c) for c in http.calls}
     assert used == webhook_granted(), f"used {sorted(used)}, granted {sorted(webhook_granted())}"
 
 
 def test_every_api_call_in_the_webhook_source_is_granted() -> None:
     """Static: each call of the webhook's client in claim_templates.py, on the path of
-    templates_path (named: get; unnamed: list; create), is in WEBHOOK_RULES; every kube
+    templates_path (named: get; unnamed: list; create) or namespace_path (get), is in
+    WEBHOOK_RULES; every kube
     module that calls a /apis/ path is assigned to a component here."""
     from gpu_share.kube import claim_templates
 
     source = (KUBE_DIR / "claim_templates.py").read_text()
     calls = WEBHOOK_CALL.findall(source)
-    assert {m for m, _ in calls} == {"create", "get"}, calls  # the scan sees both
+    assert {m for m, _, _ in calls} == {"create", "get"}, calls  # the scan sees both
+    assert {p for _, p, _ in calls} == {"templates_path", "namespace_path"}, calls
     path = claim_templates.templates_path("ns")
     group = path.split("/")[2]
     resource = path.rsplit("/", 1)[1]
     found = set()
-    for method, args in calls:
+    for method, maker, args in calls:
+        if maker == "namespace_path":  # one namespace by name
+            found.add(("", "namespaces", WEBHOOK_VERBS[method]))
+            continue
         named = args.count(",") >= 1
         verb = WEBHOOK_VERBS[method] if method != "get" else ("get" if named else "list")
         found.add((group, resource, verb))

@@ -16,7 +16,9 @@ from gpu_share.kube.claim_templates import (
     WEBHOOK_RULES,
     WEBHOOK_TIMEOUTS,
     ClaimTemplates,
+    OptInNamespaces,
     TemplateConflict,
+    namespace_path,
     templates_path,
 )
 from gpu_share.kube.rest import ApiError, KubeTimeouts
@@ -158,11 +160,71 @@ def test_every_call_is_in_the_webhook_rules() -> None:
     def handler(c: Call) -> tuple[int, Any]:
         if c.method == "POST":
             return 409, status_obj(409, "AlreadyExists", "exists")
-        return 200, stored()
+        return 200, stored() if c.path.startswith("/apis/") else _ns(None)
 
     api, fake = fake_rest(handler)
     ClaimTemplates(api).ensure(BODY)
+    OptInNamespaces(api, *LABEL).opted_in("team-a")
     verbs = {"POST": "create", "GET": "get"}
-    used = {("resource.k8s.io", c.path.split("/")[6], verbs[c.method]) for c in fake.calls}
+    used = {
+        ("resource.k8s.io", c.path.split("/")[6], verbs[c.method])
+        if c.path.startswith("/apis/") else ("", c.path.split("/")[3], verbs[c.method])
+        for c in fake.calls
+    }
     granted = {(g, r, v) for g, r, vs in WEBHOOK_RULES for v in vs}
     assert used == granted
+
+
+# ---------------------------------------------------------------- namespace opt-in
+
+LABEL = ("gpu-share.vendor.com/dra", "enabled")
+
+
+def _ns(labels: dict[str, str] | None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": "team-a", "uid": "n1"}
+    if labels is not None:
+        meta["labels"] = labels
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": meta}
+
+
+def test_namespace_path() -> None:
+    assert namespace_path("team-a") == "/api/v1/namespaces/team-a"
+    assert namespace_path("a/b") == "/api/v1/namespaces/a%2Fb"
+
+
+def test_a_labelled_namespace_is_opted_in_and_remembered_until_the_ttl() -> None:
+    api, fake = fake_rest(lambda c: (200, _ns({LABEL[0]: LABEL[1], "x": "y"})))
+    clock = Clock()
+    gate = OptInNamespaces(api, *LABEL, cache_ttl_s=30, clock=clock)
+    assert gate.opted_in("team-a") and gate.opted_in("team-a")
+    assert [(c.method, c.path) for c in fake.calls] == [("GET", "/api/v1/namespaces/team-a")]
+    clock.now = 30.0
+    assert gate.opted_in("team-a") and len(fake.calls) == 2
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        (200, _ns(None)),
+        (200, _ns({LABEL[0]: "disabled"})),
+        (200, _ns({"other": LABEL[1]})),
+        (200, {"metadata": {"labels": ["not", "a", "map"]}}),
+        (200, ["not a namespace"]),
+        (404, status_obj(404, "NotFound", "no")),
+    ],
+)
+def test_anything_else_is_not_opted_in_and_asked_again(answer: tuple[int, Any]) -> None:
+    api, fake = fake_rest(lambda c: answer)
+    gate = OptInNamespaces(api, *LABEL)
+    assert gate.opted_in("team-a") is False and gate.opted_in("team-a") is False
+    assert len(fake.calls) == 2  # a "no" is never cached: a new label counts at once
+
+
+def test_namespace_errors_and_the_deadline() -> None:
+    api, fake = fake_rest(lambda c: (403, status_obj(403, "Forbidden", "no")))
+    gate = OptInNamespaces(api, *LABEL, clock=lambda: 5.0)
+    with pytest.raises(ApiError):
+        gate.opted_in("team-a")
+    with pytest.raises(KubeAccessError, match="no time left"):
+        gate.opted_in("team-a", deadline=5.0)
+    assert len(fake.calls) == 1

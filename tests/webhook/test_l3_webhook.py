@@ -23,7 +23,12 @@ import pytest
 from kube_fakes import ApiServer
 
 from gpu_share.config.model import AgentConfig
-from gpu_share.kube.claim_templates import WEBHOOK_RULES, ClaimTemplates, templates_path
+from gpu_share.kube.claim_templates import (
+    WEBHOOK_RULES,
+    ClaimTemplates,
+    OptInNamespaces,
+    templates_path,
+)
 from gpu_share.kube.rest import ApiError, RestClient, make_rest_client
 from gpu_share.observability.http import BoundedServer
 from gpu_share.sharing.claim_translation import ClaimShape, TranslationSettings, template_body
@@ -51,6 +56,8 @@ class Env:
     on: str  # labelled namespace
     off: str  # unlabelled namespace
     hook_api: RestClient  # the webhook's own identity
+    url: str = ""  # the webhook, for callers other than the API server
+    ca: Path | None = None
 
     def create_pod(self, ns: str, pod: dict[str, Any], dry: bool = False) -> dict[str, Any]:
         path = f"/api/v1/namespaces/{ns}/pods"
@@ -178,13 +185,17 @@ def env(apiserver: ApiServer, tmp_path_factory: pytest.TempPathFactory) -> Itera
     identity = _webhook_identity(apiserver, api, tmp_path_factory.mktemp("webhook-user"))
     hook_api = make_rest_client(identity)
     templates = ClaimTemplates(hook_api, cache_ttl_s=0.0)
-    mutator = Mutator(SETTINGS, templates.ensure_all, budget_s=3.0)
+    namespaces = OptInNamespaces(hook_api, *LABEL, cache_ttl_s=0.0)
+    mutator = Mutator(SETTINGS, templates.ensure_all, opted_in=namespaces.opted_in,
+                      budget_s=3.0)
     tls = ReloadingTLS(str(pki.server_cert), str(pki.server_key))
     server: BoundedServer = make_server(mutator, "127.0.0.1", 0, ssl_context=tls.context)
     server.start()
     suffix = uuid.uuid4().hex[:6]
     mwc = f"gpu-share-dra-{suffix}"
     e = Env(api, f"dra-on-{suffix}", f"dra-off-{suffix}", hook_api)
+    e.url = f"https://127.0.0.1:{server.server_address[1]}/mutate"
+    e.ca = pki.ca
     try:
         with contextlib.suppress(ApiError):  # another module may have made it
             api.create("create deviceclass", "/apis/resource.k8s.io/v1/deviceclasses", {
@@ -332,3 +343,40 @@ def test_the_webhook_runs_with_no_more_than_its_rules(env: Env) -> None:
         with pytest.raises(ApiError) as e:
             env.hook_api.request(op, "DELETE" if "delete" in op else "GET", path)
         assert e.value.status == 403
+
+
+def test_a_forged_review_creates_nothing_outside_opted_in_namespaces(env: Env) -> None:
+    """Anyone who reaches the webhook's port can send it a review naming any namespace:
+    the webhook reads the namespace's label itself (with its own RBAC) and creates no
+    template where the namespace has not opted in."""
+    import http.client
+    import json
+    import ssl
+    from urllib.parse import urlsplit
+
+    assert env.ca is not None
+    u = urlsplit(env.url)
+    ctx = ssl.create_default_context(cafile=str(env.ca))
+
+    def forge(ns: str) -> dict[str, Any]:
+        body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+            "uid": str(uuid.uuid4()), "namespace": ns, "operation": "CREATE",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "object": _pod("forged", {MEM: "3", CORE: "17"}), "dryRun": False}}
+        conn = http.client.HTTPSConnection(u.hostname or "", u.port, timeout=10, context=ctx)
+        try:
+            conn.request("POST", u.path, body=json.dumps(body).encode(),
+                         headers={"Content-Type": "application/json"})
+            answer: dict[str, Any] = json.loads(conn.getresponse().read())["response"]
+        finally:
+            conn.close()
+        return answer
+
+    for ns in (env.off, "kube-system", f"no-such-{uuid.uuid4().hex[:6]}"):
+        r = forge(ns)
+        assert r["allowed"] is False and r["status"]["code"] == 403, r
+        assert env.template(ns, "gpu-share-m3-c17") is None, ns
+    # The same review for the opted-in namespace is what the API server would get.
+    assert forge(env.on)["allowed"] is True
+    assert env.template(env.on, "gpu-share-m3-c17") is not None

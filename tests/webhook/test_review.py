@@ -235,3 +235,55 @@ def test_malformed_bodies_answer_400_without_echo(body: bytes) -> None:
 def test_the_uid_is_echoed_only_when_it_looks_like_one() -> None:
     code, answer, _ = run(review(uid="a.b:c-d_e"))
     assert code == 200 and answer["response"]["uid"] == "a.b:c-d_e"
+
+
+# ---------------------------------------------------------------- namespace opt-in
+
+
+class OptedIn:
+    def __init__(self, answer: bool | BaseException) -> None:
+        self.answer = answer
+        self.calls: list[tuple[str, float]] = []
+
+    def __call__(self, namespace: str, deadline: float) -> bool:
+        self.calls.append((namespace, deadline))
+        if isinstance(self.answer, BaseException):
+            raise self.answer
+        return self.answer
+
+
+def _gated(opted: OptedIn, body: dict[str, Any]) -> tuple[dict[str, Any], Ensure]:
+    ensure = Ensure()
+    m = Mutator(S, ensure, opted_in=opted, budget_s=2.0, clock=lambda: 100.0)
+    _, answer = m.handle(json.dumps(body).encode())
+    return answer, ensure
+
+
+def test_a_namespace_that_has_not_opted_in_gets_no_template() -> None:
+    """A review the API server's namespaceSelector would not send (someone else reached
+    the port): denied, and nothing is created in that namespace."""
+    opted = OptedIn(False)
+    answer, ensure = _gated(opted, review(namespace="kube-public"))
+    assert "not opted in" in _denied(answer, 403)
+    assert ensure.calls == [] and opted.calls == [("kube-public", 102.0)]
+
+
+def test_an_opted_in_namespace_is_translated() -> None:
+    opted = OptedIn(True)
+    answer, ensure = _gated(opted, review())
+    assert response(answer)["allowed"] and ensure.calls == [(["gpu-share-m4-c30"], 102.0)]
+    assert opted.calls == [("team-a", 102.0)]
+
+
+def test_the_namespace_check_failing_is_503() -> None:
+    answer, ensure = _gated(OptedIn(KubeAccessError("unreachable")), review())
+    assert "cannot ensure" in _denied(answer, 503) and ensure.calls == []
+
+
+def test_dry_runs_and_pods_without_vcuda_ask_nothing() -> None:
+    opted = OptedIn(False)
+    _gated(opted, review(dryRun=True))
+    pod = gpu_pod()
+    pod["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1"}}
+    _gated(opted, review(pod))
+    assert opted.calls == []

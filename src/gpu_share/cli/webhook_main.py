@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import signal
 import ssl
 import sys
@@ -15,7 +16,7 @@ from pydantic import ValidationError
 
 from gpu_share.config.model import AgentConfig, ResourcesConfig
 from gpu_share.errors import KubeAccessError
-from gpu_share.kube.claim_templates import ClaimTemplates
+from gpu_share.kube.claim_templates import ClaimTemplates, OptInNamespaces
 from gpu_share.kube.rest import make_rest_client
 from gpu_share.observability.http import BoundedServer, ServerLimits
 from gpu_share.sharing.claim_translation import DEFAULT_DEVICE_CLASS, TranslationSettings
@@ -26,6 +27,9 @@ from gpu_share.webhook.tls import ReloadingTLS
 
 log = logging.getLogger("gpu_share.webhook")
 
+DEFAULT_NAMESPACE_LABEL = "gpu-share.vendor.com/dra=enabled"
+_LABEL_NAME = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?\Z")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?\Z")
 DEFAULT_UNIT_MIB = int(AgentConfig.model_fields["memory_unit_mib"].default)
 
 
@@ -62,6 +66,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--api-budget-seconds", type=float,
                     default=env("GPU_SHARE_WEBHOOK_API_BUDGET_SECONDS", "2"),
                     help="time to start API calls for one review (timeoutSeconds is 5)")
+    ap.add_argument("--namespace-label", default=env("GPU_SHARE_WEBHOOK_NAMESPACE_LABEL",
+                                                     DEFAULT_NAMESPACE_LABEL),
+                    help="KEY=VALUE: the label of namespaces that opted in (the webhook "
+                         "configuration's namespaceSelector); reviews for other "
+                         "namespaces are denied")
+    ap.add_argument("--client-ca-file", default=env("GPU_SHARE_WEBHOOK_CLIENT_CA_FILE"),
+                    help="accept reviews only from clients with a certificate signed by "
+                         "this CA (PEM): the API server's, where its admission config "
+                         "gives it one; probes need none")
     ap.add_argument("--log-level", default=env("GPU_SHARE_LOG_LEVEL", "info"))
     return ap.parse_args(argv)
 
@@ -76,6 +89,20 @@ def settings_of(a: argparse.Namespace) -> TranslationSettings:
         raise UsageError(f"invalid settings: {why}"[:500]) from None
     names = ResourceNames(f"{a.domain}/{a.memory_name}", f"{a.domain}/{a.core_name}")
     return TranslationSettings(names, a.memory_unit_mib, a.device_class)
+
+
+def namespace_label_of(a: argparse.Namespace) -> tuple[str, str]:
+    """(key, value) of --namespace-label, or UsageError."""
+    key, sep, value = str(a.namespace_label).partition("=")
+    prefix, slash, name = key.rpartition("/")
+    ok = (
+        sep == "=" and name and _LABEL_NAME.match(name) and _LABEL_NAME.match(value)
+        and (not slash or _DNS_SUBDOMAIN.match(prefix))
+    )
+    if not ok:
+        raise UsageError("--namespace-label must be KEY=VALUE with a valid label key and "
+                         "value")
+    return key, value
 
 
 def limits_of(a: argparse.Namespace) -> ServerLimits:
@@ -97,21 +124,25 @@ def _tls(a: argparse.Namespace) -> ReloadingTLS:
         raise UsageError("--tls-cert-file and --tls-key-file are required (the API server "
                          "calls webhooks over HTTPS only)")
     try:
-        return ReloadingTLS(a.tls_cert_file, a.tls_key_file)
+        return ReloadingTLS(a.tls_cert_file, a.tls_key_file, client_ca=a.client_ca_file)
     except (OSError, ssl.SSLError) as e:
         raise UsageError(f"cannot load the TLS files: {e}") from None
 
 
 def build(a: argparse.Namespace) -> BoundedServer:
     """The bound server; raises UsageError, KubeAccessError or OSError."""
-    settings, limits, tls = settings_of(a), limits_of(a), _tls(a)
+    settings, limits, label = settings_of(a), limits_of(a), namespace_label_of(a)
+    tls = _tls(a)
     if a.api_budget_seconds <= 0:
         raise UsageError("--api-budget-seconds must be positive")
     api = make_rest_client(a.kubeconfig)
     api.user_agent = "gpu-share-webhook"
     templates = ClaimTemplates(api)
-    mutator = Mutator(settings, templates.ensure_all, budget_s=a.api_budget_seconds)
-    return make_server(mutator, a.bind, a.port, ssl_context=tls.context, limits=limits)
+    namespaces = OptInNamespaces(api, *label)
+    mutator = Mutator(settings, templates.ensure_all, opted_in=namespaces.opted_in,
+                      budget_s=a.api_budget_seconds)
+    return make_server(mutator, a.bind, a.port, ssl_context=tls.context, limits=limits,
+                       require_client_cert=bool(a.client_ca_file))
 
 
 def main(argv: list[str] | None = None) -> int:

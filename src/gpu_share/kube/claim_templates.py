@@ -7,6 +7,11 @@ names it: create it; 409 AlreadyExists is fine when the stored one asks the same
 (a selector or admin access slipped in). Templates seen fine are remembered for
 ``cache_ttl_s``, so a busy namespace costs no API call per pod.
 
+``OptInNamespaces`` answers whether a namespace carries the opt-in label. The API
+server calls the webhook only for such namespaces (its namespaceSelector), but anyone who
+reaches the webhook's port can send a review naming any namespace: the webhook checks the
+label itself before it creates anything there.
+
 Every call is bounded: the client's connect/read timeouts (short by default: the API
 server waits ``timeoutSeconds`` for the whole webhook) and the caller's ``deadline``.
 """
@@ -28,7 +33,9 @@ __all__ = [
     "WEBHOOK_RULES",
     "WEBHOOK_TIMEOUTS",
     "ClaimTemplates",
+    "OptInNamespaces",
     "TemplateConflict",
+    "namespace_path",
     "templates_path",
 ]
 
@@ -36,6 +43,7 @@ __all__ = [
 # webhook ClusterRole mirrors it (the L3 test runs the webhook with exactly these).
 WEBHOOK_RULES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("resource.k8s.io", "resourceclaimtemplates", ("create", "get")),
+    ("", "namespaces", ("get",)),
 )
 
 # The API server waits timeoutSeconds (5 s) for the webhook. Calls start only within
@@ -54,6 +62,92 @@ def templates_path(namespace: str, name: str | None = None) -> str:
     return path if name is None else f"{path}/{quote_name(name)}"
 
 
+def namespace_path(namespace: str) -> str:
+    return f"/api/v1/namespaces/{quote_name(namespace)}"
+
+
+class _SeenCache:
+    """Keys seen fine in the last ``ttl`` seconds, at most ``limit`` of them (thread-safe)."""
+
+    def __init__(self, ttl: float, limit: int, clock: Callable[[], float]) -> None:
+        self._ttl, self._max, self._clock = ttl, limit, clock
+        self._lock = threading.Lock()
+        self._seen: OrderedDict[tuple[str, str], float] = OrderedDict()  # -> seen at
+
+    def fresh(self, key: tuple[str, str]) -> bool:
+        with self._lock:
+            at = self._seen.get(key)
+            if at is None:
+                return False
+            if self._clock() - at < self._ttl:
+                return True
+            del self._seen[key]
+            return False
+
+    def remember(self, key: tuple[str, str]) -> None:
+        with self._lock:
+            self._seen[key] = self._clock()
+            self._seen.move_to_end(key)
+            while len(self._seen) > self._max:
+                self._seen.popitem(last=False)
+
+    def forget(self, key: tuple[str, str]) -> None:
+        with self._lock:
+            self._seen.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._seen
+
+
+def _in_time(deadline: float | None, clock: Callable[[], float], what: str) -> None:
+    if deadline is not None and clock() >= deadline:
+        raise KubeAccessError(f"no time left to {what}")
+
+
+class OptInNamespaces:
+    """``opted_in(namespace)``: does the namespace carry label ``key`` = ``value``?
+
+    Only a yes is remembered (``cache_ttl_s``): a namespace that has just been labelled
+    is seen at once, and a removed label stops counting within the TTL."""
+
+    def __init__(
+        self,
+        api: RestClient,
+        key: str,
+        value: str,
+        *,
+        timeouts: KubeTimeouts | None = WEBHOOK_TIMEOUTS,
+        cache_ttl_s: float = 30.0,
+        max_cached: int = 4096,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._api = api if timeouts is None else replace(api, timeouts=timeouts)
+        self.label = (key, value)
+        self._clock = clock
+        self._seen = _SeenCache(cache_ttl_s, max_cached, clock)
+
+    def opted_in(self, namespace: str, deadline: float | None = None) -> bool:
+        """Raises KubeAccessError (unreachable, ``deadline`` passed) or ApiError (e.g. 403)."""
+        if self._seen.fresh(("", namespace)):
+            return True
+        _in_time(deadline, self._clock, f"read namespace {namespace}")
+        try:
+            ns = self._api.get(f"get namespace {namespace}", namespace_path(namespace))
+        except ApiError as e:
+            if e.status == 404:
+                return False
+            raise
+        labels = ns.get("metadata", {}).get("labels") if isinstance(ns, dict) else None
+        key, value = self.label
+        if isinstance(labels, dict) and labels.get(key) == value:
+            self._seen.remember(("", namespace))
+            return True
+        return False
+
+
 class ClaimTemplates:
     """Creates and checks templates through ``api`` (thread-safe)."""
 
@@ -67,11 +161,8 @@ class ClaimTemplates:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._api = api if timeouts is None else replace(api, timeouts=timeouts)
-        self._ttl = cache_ttl_s
-        self._max = max_cached
         self._clock = clock
-        self._lock = threading.Lock()
-        self._seen: OrderedDict[tuple[str, str], float] = OrderedDict()  # -> seen at
+        self._seen = _SeenCache(cache_ttl_s, max_cached, clock)
 
     def ensure_all(self, bodies: Iterable[Mapping[str, Any]], deadline: float | None = None
                    ) -> None:
@@ -85,7 +176,7 @@ class ClaimTemplates:
         or ``deadline`` passed)."""
         meta = body["metadata"]
         ns, name = str(meta["namespace"]), str(meta["name"])
-        if self._fresh(ns, name):
+        if self._seen.fresh((ns, name)):
             return "cached"
         self._in_time(deadline, ns, name)
         try:
@@ -96,14 +187,13 @@ class ClaimTemplates:
                 raise
             self._in_time(deadline, ns, name)
             self._verify(body, ns, name)
-            self._remember(ns, name)
+            self._seen.remember((ns, name))
             return "exists"
-        self._remember(ns, name)
+        self._seen.remember((ns, name))
         return "created"
 
     def forget(self, namespace: str, name: str) -> None:
-        with self._lock:
-            self._seen.pop((namespace, name), None)
+        self._seen.forget((namespace, name))
 
     def _verify(self, body: Mapping[str, Any], ns: str, name: str) -> None:
         try:
@@ -121,22 +211,4 @@ class ClaimTemplates:
             )
 
     def _in_time(self, deadline: float | None, ns: str, name: str) -> None:
-        if deadline is not None and self._clock() >= deadline:
-            raise KubeAccessError(f"no time left to ensure resourceclaimtemplate {ns}/{name}")
-
-    def _fresh(self, ns: str, name: str) -> bool:
-        with self._lock:
-            at = self._seen.get((ns, name))
-            if at is None:
-                return False
-            if self._clock() - at < self._ttl:
-                return True
-            del self._seen[(ns, name)]
-            return False
-
-    def _remember(self, ns: str, name: str) -> None:
-        with self._lock:
-            self._seen[(ns, name)] = self._clock()
-            self._seen.move_to_end((ns, name))
-            while len(self._seen) > self._max:
-                self._seen.popitem(last=False)
+        _in_time(deadline, self._clock, f"ensure resourceclaimtemplate {ns}/{name}")

@@ -4,6 +4,9 @@
 AdmissionReview; ``GET /healthz`` and ``/readyz`` answer 200. The server bounds the
 body (``max_body_bytes``, 413 before reading it), the time to receive a request and
 to keep an idle connection, the connections and the worker pool (observability/http).
+With ``require_client_cert`` (the CLI's ``--client-ca-file``), a review on a connection
+whose client sent no certificate is refused with 403 (the TLS layer has already refused
+certificates of other CAs); the probes need none.
 A malformed request answers 4xx with a fixed reason; once a review has a uid every
 answer is 200 with an AdmissionReview carrying it (review.py); never 500.
 """
@@ -35,6 +38,7 @@ WEBHOOK_LIMITS = ServerLimits(
     max_body_bytes=1 * MiB,
 )
 NOT_FOUND = "no such route"
+NO_CLIENT_CERT = "a client certificate is required"
 
 
 def make_server(
@@ -45,6 +49,7 @@ def make_server(
     ssl_context: ssl.SSLContext | None,
     limits: ServerLimits = WEBHOOK_LIMITS,
     liveness: Callable[[], bool] | None = None,
+    require_client_cert: bool = False,
 ) -> BoundedServer:
     """The webhook's server, bound and not yet serving (``start``/``serve_forever``).
     ``ssl_context`` None serves plain HTTP (tests only: the API server calls HTTPS)."""
@@ -67,10 +72,24 @@ def make_server(
             if self.path.split("?", 1)[0].rstrip("/") != "/mutate":
                 self._json(404, error_body(NOT_FOUND))
                 return
+            if require_client_cert and not _has_client_cert(self.connection):
+                self._json(403, error_body(NO_CLIENT_CERT))
+                return
             code, answer = mutator.handle(self.body)
             self._json(code, answer)
 
     return BoundedServer(Handler, (host, port), limits, ssl_context=ssl_context, name="webhook")
+
+
+def _has_client_cert(sock: object) -> bool:
+    """Did the client present a certificate (verified by the TLS layer against the CA)?"""
+    getpeercert = getattr(sock, "getpeercert", None)
+    if getpeercert is None:
+        return False
+    try:
+        return bool(getpeercert())
+    except (ValueError, OSError):
+        return False
 
 
 def _alive(liveness: Callable[[], bool] | None) -> bool:

@@ -6,6 +6,8 @@ otherwise ``(200, AdmissionReview)`` carrying that uid, allowed or denied:
 
 - not a Pod CREATE (a misconfigured webhook): allowed, unchanged;
 - a pod whose vcuda amounts cannot become claims: denied, code 400, the reason;
+- a namespace without the opt-in label (a review the API server's namespaceSelector
+  would not have sent: someone else reached the port): denied, 403, nothing created;
 - a same-named template that asks something else: denied, 409;
 - the API server unreachable, or too slow: denied, 503 (the client retries);
 - a bug: denied, 500 with a fixed message (the log has the traceback).
@@ -47,6 +49,7 @@ _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
 _POD_KIND = {"group": "", "version": "v1", "kind": "Pod"}
 
 EnsureTemplates = Callable[[Iterable[Mapping[str, Any]], float], None]
+OptedIn = Callable[[str, float], bool]
 
 
 class BadReview(ValueError):
@@ -124,18 +127,22 @@ class Mutator:
     """Turns a Pod CREATE's vcuda amounts into ResourceClaims (see the module doc).
 
     ``ensure_templates(bodies, deadline)`` makes the templates exist (skipped for dry
-    runs: sideEffects NoneOnDryRun); ``deadline`` is ``clock() + budget_s``."""
+    runs: sideEffects NoneOnDryRun); ``deadline`` is ``clock() + budget_s``.
+    ``opted_in(namespace, deadline)`` is asked first: no templates outside namespaces
+    that opted in (None: every namespace, for callers that check elsewhere)."""
 
     def __init__(
         self,
         settings: TranslationSettings,
         ensure_templates: EnsureTemplates,
         *,
+        opted_in: OptedIn | None = None,
         budget_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
         self._ensure = ensure_templates
+        self._opted_in = opted_in
         self._budget = budget_s
         self._clock = clock
 
@@ -168,14 +175,21 @@ class Mutator:
         if not t.changed:
             return _Verdict(True)
         if request.get("dryRun") is not True:
-            failed = self._templates(t.templates)
+            failed = self._templates(namespace, t.templates)
             if failed is not None:
                 return failed
         return _Verdict(True, t.patch)
 
-    def _templates(self, bodies: tuple[dict[str, Any], ...]) -> _Verdict | None:
+    def _templates(self, namespace: str, bodies: tuple[dict[str, Any], ...]
+                   ) -> _Verdict | None:
+        deadline = self._clock() + self._budget
         try:
-            self._ensure(bodies, self._clock() + self._budget)
+            if self._opted_in is not None and not self._opted_in(namespace, deadline):
+                log.warning("review for namespace %s, which has not opted in: denied (a "
+                            "caller other than the API server?)", namespace)
+                return _deny(403, "Forbidden", f"gpu-share: namespace {namespace} has not "
+                             "opted in to DRA translation (its label is missing)")
+            self._ensure(bodies, deadline)
         except TemplateConflict as e:
             return _deny(409, "Conflict", f"gpu-share: {e}")
         except KubeAccessError as e:

@@ -21,11 +21,18 @@ log = logging.getLogger(__name__)
 __all__ = ["ReloadingTLS", "server_context"]
 
 
-def server_context(cert_file: str, key_file: str) -> ssl.SSLContext:
-    """TLS 1.2+ server context with one certificate chain."""
+def server_context(cert_file: str, key_file: str, client_ca: str | None = None
+                   ) -> ssl.SSLContext:
+    """TLS 1.2+ server context with one certificate chain. With ``client_ca``, a client
+    certificate is asked for and, when one is sent, must be signed by that CA; one may be
+    absent (the kubelet's probes send none): ``make_server(require_client_cert=True)``
+    refuses reviews on such connections."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.load_cert_chain(cert_file, key_file)
+    if client_ca:
+        ctx.load_verify_locations(cafile=client_ca)
+        ctx.verify_mode = ssl.CERT_OPTIONAL
     return ctx
 
 
@@ -46,10 +53,12 @@ class ReloadingTLS:
         cert_file: str,
         key_file: str,
         *,
+        client_ca: str | None = None,
         check_interval_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._files = (cert_file, key_file)
+        self._client_ca = client_ca
         self._interval = check_interval_s
         self._clock = clock
         self._lock = threading.Lock()
@@ -57,7 +66,7 @@ class ReloadingTLS:
         self._checked = clock()
         self._failed_stamps: tuple[object, ...] | None = None
         self.reloads = 0
-        self.context = server_context(cert_file, key_file)
+        self.context = server_context(cert_file, key_file, client_ca)
         self.context.sni_callback = self._on_hello
         self._current = self.context
 
@@ -78,7 +87,7 @@ class ReloadingTLS:
         if stamps == self._stamps or None in stamps:
             return
         try:
-            ctx = server_context(*self._files)
+            ctx = server_context(*self._files, self._client_ca)
         except (OSError, ssl.SSLError) as e:
             if stamps != self._failed_stamps:  # once per change, not every second
                 log.warning("TLS files changed but do not load (%s); keeping the last "
