@@ -11,9 +11,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpu_share.agent.cdi import MAX_SPEC_BYTES, CdiSpecWriter, read_foreign_specs
+from gpu_share.agent.cdi import (
+    MAX_FOREIGN_FILES,
+    MAX_SPEC_BYTES,
+    CdiSpecWriter,
+    read_foreign_specs,
+)
 from gpu_share.config.model import AgentConfig
 from gpu_share.devices.dummy import DummyBackend
+from gpu_share.sharing.dra_claims import claim_spec_file_name
 
 KIND = "vendor.com/npu"
 
@@ -113,6 +119,24 @@ def test_unreadable_or_huge_files_are_skipped(
     found = read_foreign_specs([str(d), str(tmp_path / "missing")], KIND, d / "ours.json")
     assert [f.path for f in found] == [str(d / "ok.json")]
     assert "bad.yaml" in caplog.text and "huge.json" in caplog.text
+
+
+def test_claim_specs_do_not_hide_another_vendors_spec(tmp_path: Path) -> None:
+    """In DRA mode the agent writes one spec per prepared claim into the same dir. More
+    of them than MAX_FOREIGN_FILES must not stop the scan before another vendor's spec
+    (here sorted after them) that defines our devices: they are ours and skipped."""
+    w = _writer(tmp_path, "cdi-cri")
+    run = tmp_path / "run"
+    run.mkdir()
+    driver = _cfg("cdi-cri").dra.driver_name
+    for i in range(MAX_FOREIGN_FILES + 5):
+        (run / claim_spec_file_name(driver, f"{i:08d}-0000-4000-8000-000000000000")).write_text(
+            json.dumps({"cdiVersion": "0.6.0", "kind": f"{driver}/claim", "devices": []}))
+    uuids = [d.uuid for d in DummyBackend(_cfg("cdi-cri").dummy, "node-a").devices()]
+    (run / "zz-vendor.json").write_text(json.dumps(
+        {"kind": KIND, "devices": [{"name": u, "containerEdits": {}} for u in uuids]}))
+    assert w.write() is None  # every device is defined by the vendor's spec: none of ours
+    assert w.plan is not None and {u for u, _ in w.plan.referenced} == set(uuids)
 
 
 def test_failed_write_leaves_no_temp_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

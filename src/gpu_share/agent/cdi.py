@@ -29,6 +29,7 @@ from gpu_share.sharing.cdi import (
     spec_file_name,
     uses_cdi,
 )
+from gpu_share.sharing.dra_claims import claim_spec_prefix
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +46,14 @@ def _parse(data: bytes, suffix: str) -> object:
     return yaml.safe_load(data)
 
 
-def read_foreign_specs(dirs: Iterable[str], kind: str, own: Path) -> list[ForeignSpec]:
-    """Specs of ``kind`` in ``dirs`` other than ``own``. Unreadable or malformed files are
-    skipped with a warning: the runtime ignores them too."""
+def read_foreign_specs(
+    dirs: Iterable[str], kind: str, own: Path, ours_prefix: str | None = None
+) -> list[ForeignSpec]:
+    """Specs of ``kind`` in ``dirs`` other than ``own`` and files named ``ours_prefix*``
+    (the agent's per-claim specs in DRA mode: one per prepared claim, so many, and they
+    must not use up the ``MAX_FOREIGN_FILES`` budget before another vendor's spec is
+    seen). Unreadable or malformed files are skipped with a warning: the runtime ignores
+    them too."""
     found: list[ForeignSpec] = []
     seen = 0
     for d in dirs:
@@ -58,6 +64,8 @@ def read_foreign_specs(dirs: Iterable[str], kind: str, own: Path) -> list[Foreig
         for name in names:
             path = Path(d) / name
             if path.suffix not in SPEC_SUFFIXES or name.startswith(".") or path == own:
+                continue
+            if ours_prefix and name.startswith(ours_prefix):
                 continue
             seen += 1
             if seen > MAX_FOREIGN_FILES:
@@ -104,6 +112,7 @@ class CdiSpecWriter:
         self.naming = naming
         self.path = Path(spec_dir) / spec_file_name(self.kind)
         self.scan_dirs = tuple(scan_dirs)
+        self.claim_prefix = claim_spec_prefix(cfg.dra.driver_name)
         self.plan: CdiPlan | None = None
 
     def write(self) -> Path | None:
@@ -111,7 +120,7 @@ class CdiSpecWriter:
         CDI is off or every device is defined by another spec (then no file of ours)."""
         if not self.enabled:
             return None
-        foreign = read_foreign_specs(self.scan_dirs, self.kind, self.path)
+        foreign = read_foreign_specs(self.scan_dirs, self.kind, self.path, self.claim_prefix)
         plan = plan_spec(self.kind, self.devices, self.naming, foreign)
         self.plan = plan
         self._report(plan)

@@ -414,8 +414,13 @@ def claim_cdi_kind(driver: str) -> str:
     return f"{driver}/claim"
 
 
+def claim_spec_prefix(driver: str) -> str:
+    """The start of every per-claim CDI spec file name of ``driver``."""
+    return f"{driver}-claim_"
+
+
 def claim_spec_file_name(driver: str, uid: str) -> str:
-    return f"{driver}-claim_{uid}.json"
+    return f"{claim_spec_prefix(driver)}{uid}.json"
 
 
 def claim_cdi_device_name(uid: str, device: str) -> str:
