@@ -1,11 +1,17 @@
 #!/usr/bin/env python3
-"""Regenerate the agent-config part of charts/gpu-share/values.schema.json.
+"""Regenerate the generated parts of charts/gpu-share/values.schema.json.
 
 `definitions.agentConfig` (used by `agentConfig` and by each pool's `agentConfig`) comes
 from the pydantic model gpu_share.config.model.AgentConfig: keys (camelCase aliases),
 types, enums, bounds and defaults. Descriptions: a field's own pydantic description, else
 its `# --` comment in values.yaml (the text the chart README shows); objects take their
-model class's docstring. The rest of the schema is written by hand and left as it is.
+model class's docstring.
+
+The rest of the schema (types, bounds, patterns) is written by hand; only its
+descriptions are generated: every key with a comment right above it in values.yaml (its
+`# --` text, or a section's plain comment block) gets that text, so values.yaml is their
+one source. Keys values.yaml cannot comment (list items, the leaves of a map documented as
+a whole, `global`) keep the description written in the schema.
 
     hack/chart-schema.py            rewrite the file
     hack/chart-schema.py --check    exit 1 when the committed file differs
@@ -26,7 +32,7 @@ from typing import Any
 from pydantic import BaseModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from chart_values import CHART, CHART_OWNED, documented
+from chart_values import CHART, CHART_OWNED, descriptions, documented
 
 from gpu_share.config.model import AgentConfig
 
@@ -160,10 +166,45 @@ def agent_config_schema() -> dict[str, Any]:
     return node
 
 
+# Definitions whose properties are documented under a values.yaml key.
+DEFINITION_DOCS = {"image": "image", "poolSettings": "poolDefaults", "nodePool": "poolDefaults"}
+_AGENT_REF = {"$ref": "#/definitions/agentConfig"}
+
+
+def _described(node: dict[str, Any], path: str, docs: dict[str, str]) -> dict[str, Any]:
+    """``node`` with the values.yaml description of ``path`` (first, for readers) and its
+    properties described alike. A reference to agentConfig stays bare: the generated
+    definition describes it, and every pool refers to that one definition."""
+    if node == _AGENT_REF:
+        return node
+    out = dict(node)
+    if "properties" in out:
+        out["properties"] = {
+            k: _described(v, f"{path}.{k}" if path else k, docs)
+            for k, v in out["properties"].items()
+        }
+    text = docs.get(path)
+    if text is None:
+        return out
+    return {"description": text, **{k: v for k, v in out.items() if k != "description"}}
+
+
+def describe(schema: dict[str, Any], docs: dict[str, str]) -> dict[str, Any]:
+    """The hand-written part of ``schema`` with values.yaml's descriptions."""
+    out = _described(schema, "", docs)
+    defs = dict(out["definitions"])
+    for name, prefix in DEFINITION_DOCS.items():
+        props = defs[name]["properties"]
+        defs[name] = {**defs[name], "properties": {
+            k: _described(v, f"{prefix}.{k}", docs) for k, v in props.items()}}
+    out["definitions"] = defs
+    return out
+
+
 def render(current: str) -> str:
-    schema = json.loads(current)
-    schema = copy.deepcopy(schema)
+    schema = copy.deepcopy(json.loads(current))
     schema["definitions"]["agentConfig"] = agent_config_schema()
+    schema = describe(schema, descriptions())
     return json.dumps(schema, indent=2, ensure_ascii=False) + "\n"
 
 

@@ -38,23 +38,28 @@ def _lookup(values: Any, path: str) -> Any:
     return node
 
 
-def _scan(text: str) -> dict[str, str]:
-    """{dotted key: its `# --` description}, in file order."""
+def _scan(text: str) -> tuple[dict[str, str], dict[str, str]]:
+    """({dotted key: its `# --` description}, {dotted key: the plain comment block right
+    above it}), in file order. A plain block documents a section (a map such as
+    `scheduler.extender`) for the schema, not a README row."""
     docs: dict[str, str] = {}
+    sections: dict[str, str] = {}
     stack: list[tuple[int, str]] = []
     pending: list[str] | None = None
+    plain: list[str] = []
     list_owner = -1  # indent of the key whose list items are being skipped
     for line in text.splitlines():
         if m := _DOC.match(line):
-            pending = [m["text"].strip()]
+            pending, plain = [m["text"].strip()], []
             continue
-        if pending is not None and (m := _MORE.match(line)):
-            pending.append((m["text"] or "").strip())
+        if m := _MORE.match(line):
+            (plain if pending is None else pending).append((m["text"] or "").strip())
             continue
         if not line.strip() or line.lstrip().startswith("#"):
-            pending = None
+            pending, plain = None, []
             continue
         indent = len(line) - len(line.lstrip())
+        above, plain = plain, []
         if line.lstrip().startswith("-"):
             list_owner = stack[-1][0] if stack else -1
             continue
@@ -65,17 +70,28 @@ def _scan(text: str) -> dict[str, str]:
         while stack and stack[-1][0] >= indent:
             stack.pop()
         stack.append((indent, key["key"]))
+        path = ".".join(k for _, k in stack)
         if pending is not None:
-            docs[".".join(k for _, k in stack)] = " ".join(p for p in pending if p)
+            docs[path] = " ".join(p for p in pending if p)
+        elif above:
+            sections[path] = " ".join(p for p in above if p)
         pending = None
-    return docs
+    return docs, sections
 
 
 def documented(path: Path = VALUES) -> list[Documented]:
     """Every documented key of ``path`` with its description and default, in file order."""
     text = path.read_text()
     values = yaml.safe_load(text)
-    return [Documented(k, d, _lookup(values, k)) for k, d in _scan(text).items()]
+    return [Documented(k, d, _lookup(values, k)) for k, d in _scan(text)[0].items()]
+
+
+def descriptions(path: Path = VALUES) -> dict[str, str]:
+    """Every key of ``path`` that has a comment right above it: its `# --` text, or for a
+    section (a map without one) its plain comment block. values.schema.json's
+    descriptions outside agentConfig come from here (hack/chart-schema.py)."""
+    docs, sections = _scan(path.read_text())
+    return {**sections, **docs}
 
 
 def leaves(values: Any, prefix: str = "") -> list[str]:

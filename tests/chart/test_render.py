@@ -56,6 +56,7 @@ def _without_generated(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             obj["data"] = sorted(obj["data"])
         ann = obj.get("spec", {}).get("template", {}).get("metadata", {}).get("annotations", {})
         ann.pop("checksum/extender-tls", None)
+        ann.pop("checksum/decision-key", None)
     return out
 
 

@@ -86,3 +86,49 @@ def _merge(base: Any, over: Any) -> Any:
     if isinstance(base, dict) and isinstance(over, dict):
         return {**base, **{k: _merge(base.get(k), v) for k, v in over.items()}}
     return over
+
+
+def _keys(node: dict[str, Any], path: str) -> list[tuple[str, dict[str, Any]]]:
+    """Every property under ``node``, list items' too, as (dotted path, schema)."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    for name, sub in node.get("properties", {}).items():
+        p = f"{path}.{name}" if path else name
+        out.append((p, sub))
+        out += _keys(sub, p)
+    if isinstance(node.get("items"), dict):
+        out += _keys(node["items"], f"{path}[]")
+    return out
+
+
+def test_every_key_outside_agent_config_has_a_description() -> None:
+    schema = json.loads(SCHEMA_PATH.read_text())
+    defs = schema["definitions"]
+    keys = _keys(schema, "")
+    for name, node in defs.items():
+        if name != "agentConfig":
+            keys += [(f"#{name}", node), *_keys(node, f"#{name}")]
+    assert len(keys) > 150
+    agent = {"$ref": "#/definitions/agentConfig"}
+    missing = [p for p, n in keys if not n.get("description", "").strip() and n != agent]
+    assert missing == []
+    assert defs["agentConfig"]["description"]  # what the bare references stand for
+
+
+def test_values_yaml_is_the_source_of_the_descriptions() -> None:
+    """A key commented in values.yaml (`# --`, or a section's plain comment) is described
+    by that text in the schema; the generator keeps them equal."""
+    sys.path.insert(0, str(REPO / "hack"))
+    import chart_values
+
+    texts = chart_values.descriptions()
+    schema = json.loads(SCHEMA_PATH.read_text())
+    checked = 0
+    for path, node in _keys(schema, ""):
+        if path in texts and node != {"$ref": "#/definitions/agentConfig"}:
+            assert node["description"] == texts[path], path
+            checked += 1
+    pool = schema["definitions"]["poolSettings"]["properties"]
+    assert pool["hostNetwork"]["description"] == texts["poolDefaults.hostNetwork"]
+    assert texts["scheduler.extender"] == "Where the extender runs and how it places pods."
+    assert "scheduler.extender" not in {d.path for d in chart_values.documented()}  # no row
+    assert checked > 120

@@ -5,10 +5,11 @@ The kube-scheduler image is ``localhost/kube-scheduler:local``, built from the c
 own cached kube-scheduler binary (hack/build-scheduler-image.sh) and imported into its
 containerd. The local cluster has no kube-proxy and its API server listens on 127.0.0.1
 only, so the scheduler pod runs in the host network and is pointed at 127.0.0.1:6443 (as
-the agent is in values-examples/local-cluster.yaml). The chart has no values for that on
-the scheduler, so a helm post-renderer adds ``hostNetwork``, the two env vars, another
-secure port (the cluster's own scheduler holds 10259 on the host) and the ``Recreate``
-strategy (a surge pod on the one node could not bind the old pod's host ports).
+the agent is in values-examples/local-cluster.yaml), with the chart's own values:
+``scheduler.hostNetwork``, ``scheduler.extraEnv`` (the two env vars), another
+``scheduler.securePort`` (the cluster's own scheduler holds 10259 on the host) and
+``scheduler.strategy: Recreate`` (a surge pod on the one node could not bind the old
+pod's host ports).
 
 13a a pod with ``schedulerName: gpu-share-scheduler`` asking a slice is bound by the
     extender with a signed decision, and the agent follows it: the assignment says
@@ -30,8 +31,6 @@ from __future__ import annotations
 import base64
 import json
 import secrets
-import stat
-import sys
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -64,34 +63,6 @@ IMAGE_SCRIPT = REPO / "hack" / "build-scheduler-image.sh"
 # Not 10259: the local cluster's own kube-scheduler listens there on the host.
 SECURE_PORT = 10359
 
-# helm post-renderer: the local cluster's specifics for the scheduler Deployment only.
-POST_RENDERER = """\
-import sys
-import yaml
-
-PORT = {port}
-ENV = [
-    {{"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"}},
-    {{"name": "KUBERNETES_SERVICE_PORT", "value": "6443"}},
-]
-docs = [d for d in yaml.safe_load_all(sys.stdin) if d]
-for d in docs:
-    if d.get("kind") != "Deployment" or d["metadata"]["name"] != "{deployment}":
-        continue
-    # One node, host ports: the old pod must be gone before the new one binds them.
-    d["spec"]["strategy"] = {{"type": "Recreate"}}
-    spec = d["spec"]["template"]["spec"]
-    spec["hostNetwork"] = True
-    spec["dnsPolicy"] = "ClusterFirstWithHostNet"
-    for c in spec["containers"]:
-        c["env"] = [*c.get("env", []), *(dict(e) for e in ENV)]
-        if c["name"] == "kube-scheduler":
-            c["command"].append(f"--secure-port={{PORT}}")
-            c["livenessProbe"]["httpGet"]["port"] = PORT
-yaml.safe_dump_all(docs, sys.stdout, sort_keys=False)
-"""
-
-
 def _say(msg: str) -> None:
     print(f"[story 13] {msg}", flush=True)
 
@@ -99,7 +70,7 @@ def _say(msg: str) -> None:
 @dataclass
 class Scheduled:
     kube: Kube
-    args: tuple[str, ...]  # the helm values and post-renderer of the scheduler setup
+    args: tuple[str, ...]  # the helm values of the scheduler setup
 
 
 def _scheduler_pods(kube: Kube) -> list[dict[str, Any]]:
@@ -151,10 +122,6 @@ def scheduled(kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     build = run_script(script=IMAGE_SCRIPT, timeout=900, stream=True)
     assert build.returncode == 0, "hack/build-scheduler-image.sh failed: see above"
     tmp = tmp_path_factory.mktemp("scheduler")
-    renderer = tmp / "post-render.py"
-    body = POST_RENDERER.format(port=SECURE_PORT, deployment=DEPLOYMENT)
-    renderer.write_text(f"#!{sys.executable}\n{body}")
-    renderer.chmod(renderer.stat().st_mode | stat.S_IXUSR)
     values = tmp / "scheduler.yaml"
     values.write_text(
         json.dumps(
@@ -168,11 +135,19 @@ def scheduled(kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
                         "tag": "local",
                     },
                     "extender": {"mode": "sidecar"},
+                    # The local cluster: no kube-proxy, API server on 127.0.0.1 only.
+                    "hostNetwork": True,
+                    "securePort": SECURE_PORT,
+                    "strategy": {"type": "Recreate"},
+                    "extraEnv": [
+                        {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+                        {"name": "KUBERNETES_SERVICE_PORT", "value": "6443"},
+                    ],
                 }
             }
         )
     )
-    args = ("-f", str(values), "--post-renderer", str(renderer))
+    args = ("-f", str(values))
     if not kube.installed():
         kube.install()
     kube.wait_agent_serving()

@@ -281,6 +281,35 @@ pool(s). Included once, from daemonset.yaml. */}}
 {{ include "gpu-share.poolConfig" . | fromJson | toYaml }}
 {{- end -}}
 
+{{/* Name of the decision key's Secret: the user's (existingSecret) or the chart's. */}}
+{{- define "gpu-share.decisionKeySecret" -}}
+{{- default (printf "%s-decision-key" (include "gpu-share.fullname" .)) .Values.scheduler.decisionKey.existingSecret -}}
+{{- end -}}
+
+{{/* The decision key's Secret as stored in the cluster, as JSON ({} under `helm template`,
+or before the first install). */}}
+{{- define "gpu-share.decisionKeyStored" -}}
+{{- lookup "v1" "Secret" .Release.Namespace (include "gpu-share.decisionKeySecret" .) | default dict | toJson -}}
+{{- end -}}
+
+{{/* The decision key as its Secret holds it (base64): the stored key while there is one
+(kept across upgrades); else, for the chart's own Secret, a new random key (delete the
+Secret and upgrade to rotate); else "" (the user's Secret, not readable here). Made once per
+render and remembered, so the Secret and the checksum/decision-key of every pod that reads
+the key agree, whichever template renders first. */}}
+{{- define "gpu-share.decisionKey" -}}
+{{- $memo := .Values.scheduler.decisionKey -}}
+{{- if not (hasKey $memo "_rendered") -}}
+{{- $stored := include "gpu-share.decisionKeyStored" . | fromJson -}}
+{{- $key := index ($stored.data | default dict) "key" | default "" -}}
+{{- if and (not $key) (not $memo.existingSecret) -}}
+{{- $key = randAlphaNum 48 | b64enc -}}
+{{- end -}}
+{{- $_ := set $memo "_rendered" $key -}}
+{{- end -}}
+{{- get $memo "_rendered" -}}
+{{- end -}}
+
 {{/* The extender container; (dict "root" $ "mode" "sidecar"|"service"). Sidecar: plain
 HTTP on the pod's loopback, probed by exec (the kubelet cannot reach a pod's loopback).
 Service: HTTPS requiring a client certificate of the CA in ca.crt; probed by TCP connect
@@ -314,6 +343,10 @@ Service: HTTPS requiring a client certificate of the CA in ca.crt; probed by TCP
     - --read-timeout-seconds={{ $ext.readTimeoutSeconds }}
     - --idle-timeout-seconds={{ $ext.idleTimeoutSeconds }}
     - --workers={{ $ext.workers }}
+  {{- with (and $sidecar $root.Values.scheduler.extraEnv) }}
+  env:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
   {{- if $sidecar }}
   readinessProbe:
     exec:
