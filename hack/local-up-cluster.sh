@@ -31,7 +31,8 @@
 #   GPU_SHARE_CONTAINERD   built (default: containerd 1.7 built from its Go module, with
 #                          CDI) or system (Debian's /usr/bin/containerd 1.6, no CDI)
 #   GPU_SHARE_FEATURE_GATES  --feature-gates of every component (default
-#                          DRAConsumableCapacity=true, for the DRA mode)
+#                          DRAConsumableCapacity=true,DRADeviceTaints=true, for the DRA
+#                          mode: consumable capacity, and the taint of a cordoned device)
 # Config files are rendered from hack/templates/. See docs/local-cluster.md.
 set -euo pipefail
 
@@ -48,9 +49,11 @@ NODE_NAME="${GPU_SHARE_NODE_NAME:-gpu-share-node}"
 # shellcheck disable=SC2034 # POD_CIDR, like the other settings, is read by render
 POD_CIDR="${GPU_SHARE_POD_CIDR:-10.88.77.0/24}"
 UP_TIMEOUT="${GPU_SHARE_UP_TIMEOUT:-180}"
-# DRA with consumable capacity (KEP-5075, alpha in 1.34) for gpu-share's DRA mode; the
-# device-plugin mode does not depend on it. Same gates on every component.
-FEATURE_GATES="${GPU_SHARE_FEATURE_GATES:-DRAConsumableCapacity=true}"
+# DRA with consumable capacity (KEP-5075, alpha in 1.34) for gpu-share's DRA mode, and
+# device taints (KEP-5055, alpha in 1.35: without it the API server drops the NoSchedule
+# taint of a cordoned device from the ResourceSlice); the device-plugin mode depends on
+# neither. Same gates on every component.
+FEATURE_GATES="${GPU_SHARE_FEATURE_GATES:-DRAConsumableCapacity=true,DRADeviceTaints=true}"
 SERVICE_CIDR="10.0.0.0/24"
 SERVICE_IP="10.0.0.1"
 API_PORT=6443

@@ -39,7 +39,8 @@ def _config(objs: list[dict[str, Any]], pool: str) -> AgentConfig:
 
 
 def _role(objs: list[dict[str, Any]]) -> dict[tuple[str, str], set[str]]:
-    (role,) = by_kind(objs, "ClusterRole")
+    (role,) = [r for r in by_kind(objs, "ClusterRole")
+               if r["metadata"]["name"].endswith("-agent")]
     out: dict[tuple[str, str], set[str]] = {}
     for rule in role["rules"]:
         assert set(rule) == {"apiGroups", "resources", "verbs"}  # no resourceNames etc.

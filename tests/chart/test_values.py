@@ -291,7 +291,8 @@ def test_helm_test_uses_the_service_without_host_network() -> None:
 
 def test_cluster_role_equals_agent_rules() -> None:
     objs = render(helm_path(4))
-    (role,) = by_kind(objs, "ClusterRole")
+    (role,) = [r for r in by_kind(objs, "ClusterRole")
+               if r["metadata"]["name"].endswith("-agent")]
     rendered: dict[tuple[str, str], set[str]] = {}
     for rule in role["rules"]:
         assert set(rule) == {"apiGroups", "resources", "verbs"}  # no resourceNames etc.

@@ -14,6 +14,7 @@ from kube_fakes import Call, FakeStream, fake_rest, pod_obj, status_obj
 import gpu_share.kube
 from gpu_share.config.model import ResourcesConfig
 from gpu_share.kube.claim_templates import WEBHOOK_RULES, ClaimTemplates, OptInNamespaces
+from gpu_share.kube.cordon import NodeCordonWatch
 from gpu_share.kube.pods import KubePodSource, NodePodCache
 from gpu_share.kube.publish import KubePublisher
 from gpu_share.kube.rbac import AGENT_RULES, merged_rules
@@ -68,6 +69,17 @@ def exercise_everything() -> set[tuple[str, str, str]]:
         assert streams, "the cache never opened its watch"
     finally:
         cache.stop()
+    # The agent's watch of its own node (device cordons): list, then watch.
+    seen = len(streams)
+    node_watch = NodeCordonWatch(api, "node-a", "gpu-share.vendor.com/cordon.", lambda _a: None)
+    node_watch.start()
+    try:
+        deadline = time.monotonic() + 10
+        while len(streams) == seen and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(streams) > seen, "the node watch never opened"
+    finally:
+        node_watch.stop()
     pub = KubePublisher(api, host_node="node-a")
     pub.annotate_node("node-a", {"a": "1"})
     pub.annotate_pod("ns", "p", {"a": None})

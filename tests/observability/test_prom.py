@@ -58,6 +58,12 @@ OLD: list[tuple[str, str, str, tuple[str, ...]]] = [
      "Units of a device by resource and state (used|free).", ("device", "resource", "state")),
     ("gauge", "gpu_share_device_healthy", "1 when the device is healthy, 0 otherwise.",
      ("device",)),
+    ("gauge", "gpu_share_device_cordoned",
+     "1 when an admin cordoned the device (no new slices; running ones stay), 0 otherwise.",
+     ("device",)),
+    ("counter", "gpu_share_cordon_annotations_ignored_total",
+     "Cordon annotations on the node the agent ignored, by why (Malformed, UnknownDevice, "
+     "TooMany).", ("reason",)),
     ("histogram", "gpu_share_allocate_seconds", "Time to answer one kubelet Allocate call.",
      ("resource",)),
     ("histogram", "gpu_share_preferred_allocation_seconds",

@@ -41,6 +41,7 @@ from gpu_share.sharing.annotations import (
     encode_inventory,
     inventory_key,
 )
+from gpu_share.sharing.cordon import Cordon, CordonChange, diff_cordons, scan_cordons
 from gpu_share.sharing.engine import (
     Allocation,
     AllocationEngine,
@@ -97,6 +98,7 @@ class AgentMetrics:
     def devices(self, rows: Sequence[DeviceRow]) -> None: ...
     def memory_unit(self, configured_mib: int, in_use_mib: int) -> None: ...
     def loop_error(self, loop: str) -> None: ...
+    def cordon_ignored(self, reason: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,7 @@ class DeviceRow:
     device: str
     healthy: bool
     units: tuple[tuple[str, int, int], ...]
+    cordoned: bool = False
 
 
 @dataclass(frozen=True)
@@ -175,6 +178,11 @@ class NodeAgent:
         # start must never overwrite what is on disk).
         self._started = False
         self._annotation_prefix = f"gpu-share.{cfg.resources.domain}"
+        # Cordons the agent honours (device uuid -> who/why), the node's latest cordon
+        # annotations (kept until the engine exists) and the problems already reported.
+        self._cordons: dict[str, Cordon] = {}
+        self._cordon_annotations: Mapping[str, str] | None = None
+        self._cordon_problems: frozenset[tuple[str, str]] = frozenset()
         # HAMi-core's per-container host dirs: made at Allocate, gone with the entry.
         self._host_dirs = (
             HostDirs(cfg.runtime.hami_core.cache_dir)
@@ -224,6 +232,8 @@ class NodeAgent:
             memory_resource=self.names.memory,
         )
         self._init_host_dirs()
+        if self._cordon_annotations is not None:
+            self.on_node_annotations(self._cordon_annotations)
         log.info(
             "devices discovered",
             extra={"devices": [d.uuid for d in devices], "backend": self.backend.name},
@@ -460,6 +470,59 @@ class NodeAgent:
                 )
         self.feed.bump()
         self.feed_inventory_changed()
+
+    # ---- cordons (sharing/cordon.py) ---------------------------------------------------
+
+    def on_node_annotations(self, annotations: Mapping[str, str]) -> None:
+        """The node's cordon annotations changed (the node watch): honour them at once.
+        Never raises: a bad value is logged, counted and ignored."""
+        with self._lock:
+            self._cordon_annotations = dict(annotations)
+            engine = self.engine
+            if engine is None:
+                return  # start() applies them
+            devices = {d.uuid: d.index for d in engine.inventory.devices}
+            scan = scan_cordons(annotations, self.cfg.resources.domain, devices)
+            changes = diff_cordons(self._cordons, scan.cordons)
+            self._cordons = dict(scan.cordons)
+            changed = engine.set_cordons(list(scan.cordons))
+        self._report_cordon_problems(scan.problems)
+        for change in changes:
+            self._cordon_changed(change, devices.get(change.device))
+        if changed:
+            self.feed.bump()  # ListAndWatch: the device's units are unhealthy now
+            self.feed_inventory_changed()
+
+    def _report_cordon_problems(self, problems: Sequence[tuple[str, str, str]]) -> None:
+        seen = frozenset((key, reason) for key, reason, _ in problems)
+        for key, reason, message in problems:
+            if (key, reason) in self._cordon_problems:
+                continue  # reported when it appeared
+            self._metrics.cordon_ignored(reason)
+            log.warning("cordon annotation ignored: %s", message,
+                        extra={"annotation": key[:120], "reason": reason})
+            self.warn_node("CordonIgnored", f"annotation {key[:120]} ignored: {message}")
+        self._cordon_problems = seen
+
+    def _cordon_changed(self, change: CordonChange, index: int | None) -> None:
+        what = f"device {index} ({change.device})"
+        if change.cordon is not None:
+            message = (f"{what} cordoned {change.cordon.describe()}; running slices stay,"
+                       " no new slice lands on it")
+            reason = "DeviceCordoned"
+        else:
+            was = change.before.describe() if change.before is not None else ""
+            message = f"{what} uncordoned (was cordoned {was}); new slices may land on it"
+            reason = "DeviceUncordoned"
+        log.info("%s", message, extra={"device": change.device, "reason": reason})
+        if self._publisher is not None:
+            self._publisher.event(None, self.cfg.node_name, reason=reason, message=message,
+                                  warning=False)
+
+    def cordons(self) -> dict[str, Cordon]:
+        """The cordons honoured now, by device uuid."""
+        with self._lock:
+            return dict(self._cordons)
 
     def feed_inventory_changed(self) -> None:
         """Usage or health changed: refresh metrics and the node annotation, coalesced in
@@ -833,6 +896,7 @@ class NodeAgent:
                         (self.names.memory, usage[d.uuid].memory_used, d.memory_units),
                         (self.names.core, usage[d.uuid].cores_used, d.cores),
                     ),
+                    self.engine.inventory.is_cordoned(d.uuid),
                 )
                 for d in self.engine.inventory.devices
             ]

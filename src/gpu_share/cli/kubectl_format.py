@@ -91,7 +91,16 @@ def document(doc: Any, output: str) -> str:
 
 
 def _health(d: DeviceRow) -> str:
-    return "Healthy" if d.healthy else "Unhealthy"
+    # As kubectl shows a cordoned node: "Ready,SchedulingDisabled".
+    health = "Healthy" if d.healthy else "Unhealthy"
+    return health + ",Cordoned" if d.cordoned else health
+
+
+def _cordon_cell(d: DeviceRow) -> str:
+    if d.cordon is None:
+        return "<none>"
+    why = d.cordon.reason if len(d.cordon.reason) <= 40 else d.cordon.reason[:39] + "~"
+    return f"{d.cordon.by}: {why}" if why else d.cordon.by
 
 
 def _usage(d: DeviceRow) -> str:
@@ -102,7 +111,7 @@ def nodes_table(rows: Sequence[NodeRow], wide: bool = False) -> str:
     header = ["NODE", "GPU", "MODEL", "MEMORY", "CORES", "HEALTH", "PODS", "LARGEST FREE",
               "USAGE"]
     if wide:
-        header += ["POOL", "UUID", "NUMA", "POD NAMES"]
+        header += ["CORDON", "POOL", "UUID", "NUMA", "POD NAMES"]
     out = []
     for n in rows:
         for d in n.devices:
@@ -111,8 +120,8 @@ def nodes_table(rows: Sequence[NodeRow], wide: bool = False) -> str:
                  f"{d.cores_used}/{d.cores_total}", _health(d), str(len(d.pods)),
                  block(n.largest_free, n.unit_mib), _usage(d)]
             if wide:
-                r += [n.pool or "<none>", d.id, "<none>" if d.numa is None else str(d.numa),
-                      ",".join(d.pods) or "<none>"]
+                r += [_cordon_cell(d), n.pool or "<none>", d.id,
+                      "<none>" if d.numa is None else str(d.numa), ",".join(d.pods) or "<none>"]
             out.append(r)
     return table(header, out)
 
@@ -123,6 +132,9 @@ def _device_doc(d: DeviceRow) -> dict[str, Any]:
         "id": d.id,
         "model": d.model,
         "healthy": d.healthy,
+        "cordoned": d.cordoned,
+        "cordon": (None if d.cordon is None else
+                   {"by": d.cordon.by, "reason": d.cordon.reason, "at": d.cordon.at or None}),
         "numa": d.numa,
         "memoryUnits": {"total": d.memory_total, "used": d.memory_used,
                         "free": d.memory_total - d.memory_used},

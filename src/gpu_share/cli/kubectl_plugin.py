@@ -10,11 +10,20 @@
         where a pod of that shape fits now, and why not elsewhere: the scheduler
         extender's own filter and prioritize, run here on a snapshot of the cluster
         (exit 3 when it fits nowhere)
+    kubectl gpu-share plot --out cluster.png [NODE...] [--pool P] [--sort name|used|fgd]
+        a PNG of the fleet: a cell per device (memory used, cores used, the part of its
+        free capacity the fgd policy counts as fragment), unhealthy and cordoned marked,
+        each node's fgd value beside it
+    kubectl gpu-share cordon NODE DEVICE [--reason TEXT] [--wait]
+    kubectl gpu-share uncordon NODE DEVICE [--wait]
+        stop (allow again) new slices on one GPU (DEVICE: index, gpu-N or uuid); running
+        slices stay. Needs the chart's ClusterRole <release>-<namespace>-cordon
 
-Read-only: one LIST of nodes and one of pods (paged by --chunk-size like kubectl), so
-get/list on nodes and pods is all it needs. The kubeconfig is found as kubectl finds it
-(--kubeconfig, then the first file of KUBECONFIG, then ~/.kube/config, then the
-in-cluster service account); --context picks a context of it.
+nodes, pods, fit and plot are read-only: one LIST of nodes and one of pods (paged by
+--chunk-size like kubectl), so get/list on nodes and pods is all they need. The
+kubeconfig is found as kubectl finds it (--kubeconfig, then the first file of
+KUBECONFIG, then ~/.kube/config, then the in-cluster service account); --context picks
+a context of it.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gpu_share.cli import kubectl_cordon, kubectl_plot
 from gpu_share.cli import kubectl_format as fmt
 from gpu_share.cli.kubectl_view import (
     DEFAULT_WORKLOAD,
@@ -143,7 +153,8 @@ def cmd_nodes(api: RestClient, a: argparse.Namespace, settings: Settings) -> int
     snap = Snapshot.from_lists(nodes, pods, settings)
     for line in node_problems(snap):
         print(f"warning: {line}", file=sys.stderr)
-    rows = node_rows(snap, unhealthy_only=a.unhealthy, names=a.names)
+    rows = node_rows(snap, unhealthy_only=a.unhealthy, names=a.names,
+                     cordoned_only=a.cordoned)
     if not rows and a.output in OUTPUTS[:2]:
         print("No gpu-share devices found.", file=sys.stderr)
         return 0
@@ -191,6 +202,19 @@ def cmd_fit(api: RestClient, a: argparse.Namespace, settings: Settings) -> int:
     return 0 if res.fits else EXIT_NO_FIT
 
 
+def cmd_cordon(api: RestClient, a: argparse.Namespace, settings: Settings) -> int:
+    on = a.cmd == "cordon"
+    if on:
+        line = kubectl_cordon.cordon(api, a.node, a.device, settings.domain, a.reason)
+    else:
+        line = kubectl_cordon.uncordon(api, a.node, a.device, settings.domain)
+    print(line)
+    if a.wait:
+        kubectl_cordon.wait_honoured(api, a.node, a.device, settings.domain, on, a.timeout)
+        print(f"node/{a.node}: the gpu-share agent honours it")
+    return 0
+
+
 # ---------------------------------------------------------------- arguments
 
 
@@ -232,6 +256,18 @@ def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     n.add_argument("names", nargs="*", metavar="NODE")
     n.add_argument("--pool", help="nodes of this pool (label gpu-share.<domain>/pool)")
     n.add_argument("--unhealthy", action="store_true", help="only unhealthy devices")
+    n.add_argument("--cordoned", action="store_true", help="only cordoned devices")
+    for verb, what in (("cordon", "stop new slices on one GPU (running slices stay)"),
+                       ("uncordon", "allow new slices on a cordoned GPU again")):
+        c = sub.add_parser(verb, parents=[sub_common], help=what)
+        c.add_argument("node", metavar="NODE")
+        c.add_argument("device", metavar="DEVICE", help="index, gpu-N or device uuid")
+        if verb == "cordon":
+            c.add_argument("--reason", default="",
+                           help="why (shown in the Event and in nodes -o wide)")
+        c.add_argument("--wait", action="store_true",
+                       help="wait until the node's agent honours it")
+        c.add_argument("--timeout", type=float, default=30.0, help="seconds --wait waits")
     sub.add_parser("pods", parents=[sub_common], help="which container holds which slice")
     f = sub.add_parser("fit", parents=[sub_common],
                        help="where a pod of this shape fits now, and why not elsewhere")
@@ -249,6 +285,7 @@ def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     f.add_argument("--default-workload",
                    default=environ.get("GPU_SHARE_DEFAULT_WORKLOAD", DEFAULT_WORKLOAD),
                    help="the extender's --default-workload (fgd, while no pod asks)")
+    kubectl_plot.register(sub, [sub_common], environ)
     return ap
 
 
@@ -267,6 +304,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         try:
             if a.cmd == "nodes":
                 return cmd_nodes(api, a, settings)
+            if a.cmd in ("cordon", "uncordon"):
+                return cmd_cordon(api, a, settings)
+            if a.cmd == "plot":
+                return kubectl_plot.cmd_plot(api, a, settings)
             if a.cmd == "pods":
                 ns = a.namespace or context_namespace(kubeconfig_path(a.kubeconfig, env),
                                                       a.context)
@@ -276,7 +317,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             api.close()
     except ApiError as e:
         hint = (" (kubectl gpu-share needs get/list on nodes and pods)"
-                if e.status == 403 else "")
+                if e.status == 403 and a.cmd not in ("cordon", "uncordon") else "")
         print(f"error: {e}{hint}", file=sys.stderr)
     except (KubeAccessError, GpuShareError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -24,6 +24,7 @@ from gpu_share.sharing.annotations import (
     assignment_key,
     inventory_key,
 )
+from gpu_share.sharing.cordon import Cordon, scan_cordons
 from gpu_share.sharing.decision import DecisionError, decision_key, decode_unverified
 from gpu_share.sharing.model import ResourceNames
 from gpu_share.sharing.model_req import DEFAULT_MODEL_LABEL, node_model
@@ -70,6 +71,9 @@ class NodeInfo:
     problem: str  # why the inventory is unreadable ("" when fine or absent)
     cpu: int | None  # allocatable millicores
     memory: int | None  # allocatable MiB
+    # Cordons by device uuid, as the annotations say (the agent's inventory says
+    # whether it honours them: ``cordoned``).
+    cordons: Mapping[str, Cordon] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -103,7 +107,11 @@ def _node_info(obj: Mapping[str, Any], s: Settings) -> NodeInfo:
         mem = memory_mib(alloc["memory"], up=False) if "memory" in alloc else None
     except QuantityError:
         cpu = mem = None
-    return NodeInfo(name, dict(meta.get("labels") or {}), inv, problem, cpu, mem)
+    cordons = scan_cordons(
+        {k: v for k, v in (meta.get("annotations") or {}).items() if isinstance(v, str)},
+        s.domain, {d.id for d in inv.devices} if inv is not None else (),
+    ).cordons
+    return NodeInfo(name, dict(meta.get("labels") or {}), inv, problem, cpu, mem, cordons)
 
 
 def _pod_info(obj: Mapping[str, Any], s: Settings) -> PodInfo:
@@ -197,6 +205,8 @@ class DeviceRow:
     cores_total: int
     cores_used: int
     pods: tuple[str, ...]
+    cordoned: bool = False  # the agent honours a cordon (its inventory says so)
+    cordon: Cordon | None = None  # who and why, from the node's cordon annotation
 
 
 @dataclass(frozen=True)
@@ -217,9 +227,9 @@ def largest_free(devices: Sequence[DeviceSlot]) -> tuple[int, int] | None:
 
 
 def node_rows(snap: Snapshot, *, unhealthy_only: bool = False,
-              names: Sequence[str] = ()) -> list[NodeRow]:
+              names: Sequence[str] = (), cordoned_only: bool = False) -> list[NodeRow]:
     """One row per node with a readable inventory, devices by index; ``unhealthy_only``
-    keeps only unhealthy devices (and the nodes that have one)."""
+    (``cordoned_only``) keeps only unhealthy (cordoned) devices and their nodes."""
     out = []
     for name in sorted(snap.nodes):
         info = snap.nodes[name]
@@ -231,17 +241,21 @@ def node_rows(snap: Snapshot, *, unhealthy_only: bool = False,
             for dev in usage:
                 holders.setdefault(dev, set()).add(ref)
         models = {d.id: d for d in info.inventory.devices}
+        # Health from the inventory: the slot's flag also folds in the cordon.
         devices = tuple(
-            DeviceRow(name, d.index, d.uuid, models[d.uuid].model, d.healthy,
+            DeviceRow(name, d.index, d.uuid, models[d.uuid].model, models[d.uuid].healthy,
                       models[d.uuid].numa, info.inventory.unit_mib, d.memory_total,
                       d.memory_total - d.memory_free, d.cores_total,
-                      d.cores_total - d.cores_free, tuple(sorted(holders.get(d.uuid, ()))))
+                      d.cores_total - d.cores_free, tuple(sorted(holders.get(d.uuid, ()))),
+                      models[d.uuid].cordoned, info.cordons.get(d.uuid))
             for d in slots.devices
-            if not (unhealthy_only and d.healthy)
+            if not (unhealthy_only and models[d.uuid].healthy)
+            and not (cordoned_only and not models[d.uuid].cordoned)
         )
-        if unhealthy_only and not devices:
+        filtered = unhealthy_only or cordoned_only
+        if filtered and not devices:
             continue
-        pods = sorted({p for d in devices for p in d.pods} if unhealthy_only
+        pods = sorted({p for d in devices for p in d.pods} if filtered
                       else {p for refs in holders.values() for p in refs})
         out.append(NodeRow(name, info.labels.get(snap.settings.pool_label, ""),
                            info.inventory.unit_mib, devices, tuple(pods),

@@ -43,7 +43,9 @@ from gpu_share.sharing.model import PodView
 
 if TYPE_CHECKING:  # imported when the API server is wanted, off the path to registration
     from gpu_share.cli.dra_mode import DraFrontEnd
+    from gpu_share.kube.cordon import NodeCordonWatch
     from gpu_share.kube.pods import KubePodSource, NodePodCache
+    from gpu_share.kube.rest import RestClient
 
 log = logging.getLogger("gpu_share.plugin_main")
 
@@ -95,11 +97,15 @@ class PrometheusAgentMetrics(AgentMetrics):
     def devices(self, rows: Sequence[DeviceRow]) -> None:
         for row in rows:
             self.m.set_device_healthy(row.device, row.healthy)
+            self.m.set_device_cordoned(row.device, row.cordoned)
             for resource, used, total in row.units:
                 self.m.set_device_units(row.device, resource, used, total - used)
 
     def loop_error(self, loop: str) -> None:
         self.m.loop_errors_total.labels(loop=loop).inc()
+
+    def cordon_ignored(self, reason: str) -> None:
+        self.m.cordon_annotations_ignored_total.labels(reason=reason).inc()
 
     def memory_unit(self, configured_mib: int, in_use_mib: int) -> None:
         self.m.memory_unit_bytes.labels(unit="configured").set(configured_mib * MIB)
@@ -125,6 +131,8 @@ class _LazyKube:
         self.pods: PodSource | None = None
         self._cache: NodePodCache | None = None
         self.publisher: Publisher | None = None
+        self.api: RestClient | None = None
+        self._node_watch: NodeCordonWatch | None = None
         # Supervised: an unexpected failure is logged, counted and retried (callers stop
         # waiting after the first try either way).
         loops.spawn(
@@ -137,6 +145,29 @@ class _LazyKube:
         self._ready.set()
         if self._cache is not None:
             self._cache.stop(timeout=CACHE_STOP_TIMEOUT_S)
+        if self._node_watch is not None:
+            self._node_watch.stop(CACHE_STOP_TIMEOUT_S)
+
+    def watch_cordons(self, on_change: Callable[[Mapping[str, str]], None]) -> None:
+        """Follow the node's cordon annotations (sharing/cordon.py) once the client
+        exists; nothing without an API server or a node name."""
+        self._loops.spawn("node-watch-init", lambda: self._start_node_watch(on_change),
+                          max_age_s=KUBE_INIT_MAX_AGE_S, stop=self._closed, once=True)
+
+    def _start_node_watch(self, on_change: Callable[[Mapping[str, str]], None]) -> None:
+        from gpu_share.kube.cordon import NodeCordonWatch
+        from gpu_share.sharing.cordon import cordon_key_prefix
+
+        self._ready.wait()
+        if self.api is None or not self._cfg.node_name or self._closed.is_set():
+            return
+        watch = NodeCordonWatch(
+            self.api, self._cfg.node_name, cordon_key_prefix(self._cfg.resources.domain),
+            on_change, loops=self._loops,
+            on_error=lambda loop: self._metrics.loop_errors_total.labels(loop=loop).inc(),
+        )
+        watch.start()
+        self._node_watch = watch
 
     def _build(self) -> None:
         try:
@@ -152,6 +183,7 @@ class _LazyKube:
                     " PodResources, no annotations or Events): %s", exc,
                 )
                 return
+            self.api = api
             if self._cfg.identity.use_api_server:
                 source = KubePodSource.from_config(api, self._cfg.resources)
                 self.pods = self._node_cache(source, NodePodCache) or source
@@ -319,6 +351,9 @@ class _Node:
             agent.start()
 
         interruptible(start_agent, stop, name="agent-start")
+        if self.kube is not None:
+            # Device cordons (kubectl gpu-share cordon) are honoured within seconds.
+            self.kube.watch_cordons(agent.on_node_annotations)
         if cfg.dra.enabled:
             self._start_dra(agent, backend)
             return

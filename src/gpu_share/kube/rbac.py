@@ -13,6 +13,8 @@ AGENT_RULES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("", "pods", ("patch",)),
     # The inventory annotation on this node.
     ("", "nodes", ("get", "patch")),
+    # Device cordons on this node (kube/cordon.py: a watch narrowed to the node).
+    ("", "nodes", ("list", "watch")),
     # Events on pods (allocation failures) and on the node (degraded mode, health).
     ("", "events", ("create", "patch")),
 )

@@ -87,6 +87,21 @@ class Metrics:
             ["device"],
             registry=r,
         )
+        self.device_cordoned = Gauge(
+            f"{PREFIX}_device_cordoned",
+            "1 when an admin cordoned the device (no new slices; running ones stay), "
+            "0 otherwise.",
+            ["device"],
+            registry=r,
+        )
+        self.cordon_annotations_ignored_total = Counter(
+            f"{PREFIX}_cordon_annotations_ignored_total",
+            "Cordon annotations on the node the agent ignored, by why (Malformed, "
+            "UnknownDevice, TooMany).",
+            ["reason"],
+            capped={"reason": REASON_CAP},
+            registry=r,
+        )
         self.allocate_seconds = Histogram(
             f"{PREFIX}_allocate_seconds",
             "Time to answer one kubelet Allocate call.",
@@ -165,6 +180,9 @@ class Metrics:
     def set_device_healthy(self, device: str, healthy: bool) -> None:
         self.device_healthy.labels(device=device).set(1 if healthy else 0)
 
+    def set_device_cordoned(self, device: str, cordoned: bool) -> None:
+        self.device_cordoned.labels(device=device).set(1 if cordoned else 0)
+
     def forget_device(self, device: str, resources: Iterable[str]) -> None:
         """Drop the series of a device that is gone, so it stops being exported."""
         for resource in resources:
@@ -173,6 +191,8 @@ class Metrics:
                     self.device_units.remove(device, resource, state)
         with contextlib.suppress(KeyError):
             self.device_healthy.remove(device)
+        with contextlib.suppress(KeyError):
+            self.device_cordoned.remove(device)
 
     def render(self) -> bytes:
         """Text exposition format of this registry."""

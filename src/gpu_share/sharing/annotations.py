@@ -4,7 +4,11 @@ Node ``gpu-share.<domain>/inventory``::
 
     {"version": "v1", "node": "n1", "unitMiB": 1024,
      "devices": [{"id": "GPU-..", "index": 0, "model": "..", "healthy": true, "numa": 0,
-                  "memoryUnits": {"total": 16, "used": 4}, "cores": {"total": 100, "used": 30}}]}
+                  "memoryUnits": {"total": 16, "used": 4}, "cores": {"total": 100, "used": 30},
+                  "cordoned": true}]}
+
+``cordoned`` (present only when true): an admin stopped new slices on the device
+(``sharing.cordon``); ``healthy`` is the device's own health, a separate fact.
 
 Pod ``gpu-share.<domain>/assignment``::
 
@@ -69,6 +73,9 @@ class InventoryDevice:
     cores_used: int
     healthy: bool
     numa: int | None
+    # An admin stopped new slices here (sharing.cordon); written only when true, so an
+    # inventory without cordons reads as before.
+    cordoned: bool = False
 
 
 @dataclass(frozen=True)
@@ -83,18 +90,7 @@ class InventoryAnnotation:
                 "version": ANNOTATION_VERSION,
                 "node": self.node,
                 "unitMiB": self.unit_mib,
-                "devices": [
-                    {
-                        "id": d.id,
-                        "index": d.index,
-                        "model": d.model,
-                        "memoryUnits": {"total": d.memory_total, "used": d.memory_used},
-                        "cores": {"total": d.cores_total, "used": d.cores_used},
-                        "healthy": d.healthy,
-                        "numa": d.numa,
-                    }
-                    for d in self.devices
-                ],
+                "devices": [_inventory_device(d) for d in self.devices],
             },
             sort_keys=True,
             separators=(",", ":"),
@@ -115,12 +111,28 @@ class InventoryAnnotation:
                     cores_used=_int(d["cores"]["used"]),
                     healthy=_bool(d["healthy"]),
                     numa=None if d["numa"] is None else _int(d["numa"]),
+                    cordoned=_bool(d.get("cordoned", False)),
                 )
                 for d in raw["devices"]
             )
             return cls(_str(raw["node"]), _int(raw["unitMiB"]), devices)
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise AnnotationError(f"inventory annotation is malformed: {e!r}") from e
+
+
+def _inventory_device(d: InventoryDevice) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": d.id,
+        "index": d.index,
+        "model": d.model,
+        "memoryUnits": {"total": d.memory_total, "used": d.memory_used},
+        "cores": {"total": d.cores_total, "used": d.cores_used},
+        "healthy": d.healthy,
+        "numa": d.numa,
+    }
+    if d.cordoned:
+        out["cordoned"] = True
+    return out
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ def decide(
         _check_pinned(e, pinned, forced, inventory)
     view = FreeView.of(inventory, ledger, e, kind, available)
     forced = _with_pool_devices(e, view, forced)
-    healthy = [d for d in inventory.devices if d.healthy]
+    healthy = inventory.offered()  # healthy and not cordoned
     if e.request.cores >= CORES_PER_DEVICE:
         return decide_exclusive(e, view, _whole_forced(e, forced, pinned), healthy)
     return decide_shared(e, view, _one_forced(e, forced, pinned), healthy, policy)

@@ -5,6 +5,11 @@ device per healthy device (``gpu-<index>``) that many claims may share
 (``allowMultipleAllocations``), with consumable ``memory`` and ``cores`` capacities whose
 request policies carry the unit size. ``SliceContent.digest`` covers everything but the
 pool generation, so the publisher writes (and bumps the generation) only on a change.
+
+A cordoned device (``sharing.cordon``) stays in the slice, with a ``NoSchedule`` taint
+``<driver>/cordoned``: the scheduler allocates no new claim on it, claims already
+allocated keep it (the API server keeps the taint only where the DRADeviceTaints
+feature is enabled).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ __all__ = [
     "slice_body",
     "slice_content",
     "slice_device",
+    "taint_key",
 ]
 
 API_VERSION = "resource.k8s.io/v1"
@@ -50,6 +56,13 @@ def digest_annotation(driver: str) -> str:
     """Annotation holding the content digest of a slice we wrote: the API server rewrites
     quantities to canonical form, so the stored spec cannot be compared to ours."""
     return f"{driver}/content-digest"
+
+
+def taint_key(driver: str) -> str:
+    """The device taint of a cordon: ``<driver>/cordoned`` (a driver name is a DNS
+    subdomain, so this is a valid taint key; the default driver makes it
+    ``gpu-share.<domain>/cordoned``, the cordon's own name)."""
+    return f"{driver}/cordoned"
 
 
 def _mi(mib: int) -> str:
@@ -90,14 +103,20 @@ def _capacity(d: DeviceCapacity, unit_mib: int) -> dict[str, Any]:
     }
 
 
-def slice_device(d: DeviceCapacity, unit_mib: int, driver_version: str) -> dict[str, Any]:
-    """One device entry of the slice (JSON-ready)."""
-    return {
+def slice_device(
+    d: DeviceCapacity, unit_mib: int, driver_version: str, *, cordoned_by: str = ""
+) -> dict[str, Any]:
+    """One device entry of the slice (JSON-ready); ``cordoned_by``: the driver whose
+    cordon taint the device carries ("" when not cordoned)."""
+    out: dict[str, Any] = {
         "name": device_name(d.index),
         "attributes": _attributes(d, unit_mib, driver_version),
         "capacity": _capacity(d, unit_mib),
         "allowMultipleAllocations": True,
     }
+    if cordoned_by:
+        out["taints"] = [{"key": taint_key(cordoned_by), "effect": "NoSchedule"}]
+    return out
 
 
 def _offered(d: DeviceCapacity) -> bool:
@@ -130,7 +149,12 @@ def slice_content(
 ) -> SliceContent:
     """The devices the node offers now, in index order."""
     unit = inventory.unit_mib
-    devices = [slice_device(d, unit, driver_version) for d in inventory.devices if _offered(d)]
+    devices = [
+        slice_device(d, unit, driver_version,
+                     cordoned_by=driver if inventory.is_cordoned(d.uuid) else "")
+        for d in inventory.devices
+        if _offered(d)
+    ]
     return SliceContent(
         node_name=node_name,
         driver=driver,

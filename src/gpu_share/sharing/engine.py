@@ -136,6 +136,15 @@ class AllocationEngine:
         self._inventory = self._inventory.with_health(uuid, healthy)
         return True
 
+    def set_cordons(self, uuids: Collection[str]) -> bool:
+        """Cordon exactly these devices (unknown uuids are ignored); True when the set
+        changed (the agent then bumps ListAndWatch and republishes)."""
+        new = self._inventory.with_cordons(uuids)
+        if new.cordoned == self._inventory.cordoned:
+            return False
+        self._inventory = new
+        return True
+
     def set_unit_mib(self, unit_mib: int) -> bool:
         """Cut memory into units of ``unit_mib`` from now on. Only while the ledger is
         empty (ids and amounts of another size would be misread); True when changed."""
@@ -143,7 +152,7 @@ class AllocationEngine:
             return False
         self._inventory = Inventory.from_devices(
             [d.device for d in self._inventory.devices], unit_mib
-        )
+        ).with_cordons(self._inventory.cordoned)
         self.ledger.unit_mib = unit_mib
         return True
 
@@ -167,6 +176,7 @@ class AllocationEngine:
                     usage[d.uuid].cores_used,
                     d.healthy,
                     d.numa_node,
+                    self._inventory.is_cordoned(d.uuid),
                 )
                 for d in self._inventory.devices
             ),

@@ -47,9 +47,15 @@ class DeviceCapacity:
 
 
 class Inventory:
-    """Immutable device table, sorted by device index."""
+    """Immutable device table, sorted by device index.
 
-    def __init__(self, devices: Iterable[DeviceCapacity], unit_mib: int) -> None:
+    ``cordoned``: uuids an admin cordoned (sharing.cordon); a fact apart from health.
+    A device is offered for new slices only when healthy and not cordoned."""
+
+    def __init__(
+        self, devices: Iterable[DeviceCapacity], unit_mib: int,
+        cordoned: Iterable[str] = (),
+    ) -> None:
         if unit_mib < 1:
             raise ValueError("unit_mib must be >= 1")
         self.unit_mib = unit_mib
@@ -57,6 +63,7 @@ class Inventory:
         self._by_uuid = {d.uuid: d for d in self._devices}
         if len(self._by_uuid) != len(self._devices):
             raise ValueError("duplicate device uuid in inventory")
+        self.cordoned = frozenset(c for c in cordoned if c in self._by_uuid)
         self._tables: dict[ResourceKind, UnitTable] = {}  # built on first use
 
     @classmethod
@@ -81,9 +88,28 @@ class Inventory:
     def with_health(self, uuid: str, healthy: bool) -> Inventory:
         d = self.require(uuid)
         nd = replace(d, device=replace(d.device, healthy=healthy))
-        out = Inventory([nd if x.uuid == uuid else x for x in self._devices], self.unit_mib)
+        out = Inventory([nd if x.uuid == uuid else x for x in self._devices], self.unit_mib,
+                        self.cordoned)
         out._tables = self._tables  # same ids: health is not part of them
         return out
+
+    def with_cordons(self, uuids: Iterable[str]) -> Inventory:
+        """The same devices with these (and only these) cordoned; unknown uuids are
+        dropped (the caller reports them)."""
+        out = Inventory(self._devices, self.unit_mib, uuids)
+        out._tables = self._tables  # same ids: a cordon is not part of them
+        return out
+
+    def is_cordoned(self, uuid: str) -> bool:
+        return uuid in self.cordoned
+
+    def offers(self, d: DeviceCapacity) -> bool:
+        """New slices may land on ``d``: healthy and not cordoned."""
+        return d.healthy and d.uuid not in self.cordoned
+
+    def offered(self) -> list[DeviceCapacity]:
+        """The devices new slices may land on, by index."""
+        return [d for d in self._devices if self.offers(d)]
 
     def units(self, kind: ResourceKind) -> UnitTable:
         """Every id of ``kind`` on this node (unhealthy devices included)."""
@@ -94,11 +120,12 @@ class Inventory:
         return table
 
     def advertised(self, kind: ResourceKind) -> list[AdvertisedDevice]:
-        """ListAndWatch content for one resource; an unhealthy device's units are all
-        unhealthy."""
+        """ListAndWatch content for one resource; the units of an unhealthy or cordoned
+        device are all unhealthy (the kubelet's only way to stop new pods on them while
+        the running ones keep their ids)."""
         order = self.units(kind).order
         return [
-            AdvertisedDevice(id=i, healthy=d.healthy, numa_node=d.numa_node)
+            AdvertisedDevice(id=i, healthy=self.offers(d), numa_node=d.numa_node)
             for d in self._devices
             for i in order[d.uuid]
         ]

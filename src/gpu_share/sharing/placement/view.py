@@ -81,7 +81,9 @@ def node_slots(
                 d.memory_total - used_m,
                 d.cores_total,
                 d.cores_total - used_c,
-                d.healthy,
+                # Placement knows one fact: may a new slice land here. A cordoned
+                # device keeps its running slices but takes no new one.
+                d.healthy and not d.cordoned,
             )
         )
     return NodeSlots(

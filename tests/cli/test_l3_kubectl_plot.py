@@ -1,0 +1,153 @@
+"""L3: ``kubectl gpu-share plot`` against a real kube-apiserver + etcd (tests/kube/conftest.py)
+as a user holding only get/list on nodes and pods: a fleet of 300 GPU nodes (8 x A100 or
+4 x T4, devices idle, shared, full or unhealthy) and pods holding slices. The plot reads
+one LIST of nodes and one of pods, like ``nodes``, and its PNG shows every device in the
+colour of its used memory and cores. GPU_SHARE_PLOT_OUT=path keeps the picture."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kube_fakes import ApiServer
+from kubernetes import client as k8s
+
+from gpu_share.cli import kubectl_plot as kplot
+from gpu_share.cli import kubectl_plugin as kp
+from gpu_share.cli.kubectl_view import Settings
+from gpu_share.kube.client import make_api_client
+from gpu_share.kube.rest import ApiError, RestClient, kubeconfig_config
+from gpu_share.sharing.annotations import InventoryAnnotation, inventory_key
+from tests.cli.test_l3_kubectl_plugin import _kubeconfig, _reader_token
+from tests.cli.test_plot import _parsed, cell_colours, fleet_objects, read_png
+
+pytestmark = pytest.mark.apiserver
+
+NODES = 300
+
+
+@pytest.fixture(scope="module")
+def fleet(apiserver: ApiServer, tmp_path_factory: pytest.TempPathFactory
+          ) -> Iterator[tuple[str, str, list[dict[str, Any]]]]:
+    """(kubeconfig with a read-only "reader" context, label of the fleet, node objects)."""
+    api = make_api_client(apiserver.kubeconfig)
+    core: Any = k8s.CoreV1Api(api)
+    rbac: Any = k8s.RbacAuthorizationV1Api(api)
+    tag = uuid.uuid4().hex[:6]
+    ns = f"kgp-{tag}"
+    core.create_namespace({"metadata": {"name": ns}})
+    core.create_namespaced_service_account(ns, {"metadata": {"name": "default"}})
+    nodes, pods = fleet_objects(NODES, tag=tag, namespace=ns)
+
+    def make_node(obj: dict[str, Any]) -> None:
+        body = {k: v for k, v in obj.items() if k != "status"}
+        core.create_node(body)
+        core.patch_node_status(obj["metadata"]["name"], {"status": obj["status"]})
+
+    def make_pod(obj: dict[str, Any]) -> None:
+        obj["metadata"].pop("creationTimestamp")
+        core.create_namespaced_pod(ns, obj)
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(make_node, nodes))
+        list(pool.map(make_pod, pods))
+    token = _reader_token(core, rbac, ns, tag)
+    kc = _kubeconfig(apiserver, token, ns, tmp_path_factory.mktemp("kgp") / "config")
+    reader = RestClient(kubeconfig_config(kc, "reader"))
+    deadline = time.monotonic() + 15
+    while True:  # RBAC reaches the authorizer's cache a moment later
+        try:
+            reader.get("list nodes", "/api/v1/nodes", {"limit": 1})
+            break
+        except ApiError as e:
+            if e.status != 403 or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+    try:
+        yield kc, f"gpu-share-test/run={tag}", nodes
+    finally:
+        core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
+        core.delete_namespace(ns)
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(core.delete_node, [n["metadata"]["name"] for n in nodes]))
+        rbac.delete_cluster_role_binding(f"gs-reader-{tag}")
+        rbac.delete_cluster_role(f"gs-reader-{tag}")
+
+
+@pytest.fixture
+def requests(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    seen: list[tuple[str, str]] = []
+    send = RestClient._send
+
+    def counting(self: RestClient, op: str, method: str, url: str, *a: Any) -> Any:
+        seen.append((method, url))
+        return send(self, op, method, url, *a)
+
+    monkeypatch.setattr(RestClient, "_send", counting)
+    return seen
+
+
+def test_plot_of_300_nodes_with_the_lists_of_nodes(
+    fleet: tuple[str, str, list[dict[str, Any]]], requests: list[tuple[str, str]],
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    kc, label, nodes = fleet
+    drawn: list[kplot.Picture] = []
+    render = kplot.render
+
+    def keep_layout(f: kplot.Fleet, **kw: Any) -> kplot.Picture:
+        drawn.append(render(f, **kw))
+        return drawn[-1]
+
+    monkeypatch.setattr(kplot, "render", keep_layout)
+    flags = ["--kubeconfig", kc, "--context", "reader"]
+    assert kp.main([*flags, "nodes", "-l", label, "-o", "json"],
+                   environ={"HOME": "/nonexistent"}) == 0
+    listed = json.loads(capsys.readouterr().out)["items"]
+    by_nodes = list(requests)
+    requests.clear()
+    out = tmp_path / "cluster.png"
+    a = _parsed(*flags, "plot", "--out", str(out), "-l", label)
+    api = kp.client(a, {"HOME": "/nonexistent"})
+    t0 = time.monotonic()
+    try:
+        assert kplot.cmd_plot(api, a, Settings()) == 0
+    finally:
+        api.close()
+    took = time.monotonic() - t0
+    assert took < 10, f"{NODES} nodes took {took:.1f}s"
+    # The same two GETs; the pods' one keeps pending pods (their asks are fgd's workload).
+    assert [m for m, _ in requests] == [m for m, _ in by_nodes] == ["GET", "GET"]
+    assert requests[0] == by_nodes[0] and "labelSelector=gpu-share-test" in requests[0][1]
+    assert requests[1][1].split("?")[0] == by_nodes[1][1].split("?")[0] == "/api/v1/pods"
+    assert len(listed) == NODES
+
+    png = read_png(out.read_bytes())
+    assert drawn[0].png == out.read_bytes()
+    cells, unhealthy = drawn[0].cells, 0
+    for obj in nodes:
+        name = obj["metadata"]["name"]
+        inv = InventoryAnnotation.decode(obj["metadata"]["annotations"][inventory_key(
+            "vendor.com")])
+        for d in inv.devices:
+            box = cells[(name, d.index)]
+            mem, cores, _ = cell_colours(png, box)
+            if d.healthy:
+                assert mem == kplot.used_colour(d.memory_used / d.memory_total), (name, d)
+                assert cores == kplot.used_colour(d.cores_used / d.cores_total), (name, d)
+            else:
+                x, y, _, h = box
+                assert png.pixel(x, y + h - 1) == kplot.DEAD
+                unhealthy += 1
+    assert len(cells) == sum(len(n["devices"]) for n in listed) and unhealthy > 0
+    if keep := os.environ.get("GPU_SHARE_PLOT_OUT"):
+        shutil.copyfile(out, keep)
+
