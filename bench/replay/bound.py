@@ -3,7 +3,9 @@
 What could any placement do with the pods that have arrived by 100 % of capacity, if it
 saw them all at once? Shares (< 1000 milli, one device) are packed best-fit decreasing
 into devices; whole-device pods take whole devices. Host CPU/memory and node boundaries
-are ignored, so both figures are optimistic estimates, not proofs:
+are ignored, so both figures are estimates, neither of them a bound (best-fit
+decreasing is not optimal). The proven upper bound, with share-level integrality, host
+CPU/memory and node boundaries, is ``python -m bench.replay.hostbound``.
 
 * ``fill``: allocation % if the cluster's devices were filled as densely as the offline
   packing fills its devices on average (a placer that refuses nothing that fits);

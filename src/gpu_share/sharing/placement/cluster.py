@@ -25,7 +25,16 @@ from gpu_share.sharing.placement.model import (
     StateKey,
     TieBreak,
 )
-from gpu_share.sharing.placement.policy import ClusterPolicy, DemandShape, Host, Plan, StateEval
+from gpu_share.sharing.placement.policy import (
+    ClusterPolicy,
+    DemandShape,
+    Host,
+    Plan,
+    Score,
+    StateEval,
+    StateParts,
+    state_parts,
+)
 
 
 def pod_shape(pod: PodDemand) -> DemandShape:
@@ -214,6 +223,25 @@ def choose(
     return best[0]
 
 
+class _Best:
+    """The best-scoring nodes so far: the smallest name (deterministic ties) or all of
+    them in the order offered (random ties)."""
+
+    def __init__(self, rand: bool) -> None:
+        self.rand = rand
+        self.score: Score | None = None
+        self.items: list[tuple[str, StateEval]] = []
+
+    def offer(self, name: str, ev: StateEval) -> None:
+        if self.score is None or ev.score < self.score:
+            self.score = ev.score
+            self.items = [(name, ev)]
+        elif ev.score == self.score and self.rand:
+            self.items.append((name, ev))
+        elif ev.score == self.score and name < self.items[0][0]:
+            self.items = [(name, ev)]
+
+
 class ClusterIndex:
     """Nodes grouped by GPU state, so a pod is scored once per distinct state.
 
@@ -241,6 +269,10 @@ class ClusterIndex:
         self._memo: dict[tuple[int, int], StateEval | None] = {}
         self._before: dict[str, float] = {}  # fgd potential of each node as it is
         self._model_free: dict[str, float] = {}  # free GPU-milli per device model
+        # dotprod/clustering: plan parts shared by the nodes of a state, per (state, shape)
+        self._parts: dict[tuple[int, int], StateParts] = {}
+        # False: score those two plan by plan as the extender does (tests compare both)
+        self.shared_parts = not policy.host_aware
         for n in nodes:
             self._add(n)
 
@@ -292,7 +324,7 @@ class ClusterIndex:
         shape = pod_shape(pod)
         shape_id = self._shape_id.setdefault(shape, len(self._shape_id))
         if self.policy.per_node:
-            return self._choose_per_node(pod, shape)
+            return self._choose_per_node(pod, shape, shape_id)
         best_score: tuple[float, ...] | None = None
         best: list[tuple[str, StateEval]] = []
         rand = self.tie_break is TieBreak.RANDOM
@@ -315,8 +347,12 @@ class ClusterIndex:
         name, ev = self.rng.choice(best) if rand else best[0]
         return realise(self.nodes[name], pod, ev)
 
-    def _choose_per_node(self, pod: PodDemand, shape: DemandShape) -> Placement | None:
+    def _choose_per_node(
+        self, pod: PodDemand, shape: DemandShape, shape_id: int
+    ) -> Placement | None:
         # Scores depend on each node (host resources, model): GPU states only prune.
+        if self.shared_parts:
+            return self._choose_by_parts(pod, shape, shape_id)
         rand = self.tie_break is TieBreak.RANDOM
         prices = self.policy.prices(self._model_free)
         best_score: tuple[float, ...] | None = None
@@ -341,6 +377,51 @@ class ClusterIndex:
             return None
         name, ev = self.rng.choice(best) if rand else best[0]
         return realise(self.nodes[name], pod, ev)
+
+    def _choose_by_parts(
+        self, pod: PodDemand, shape: DemandShape, shape_id: int
+    ) -> Placement | None:
+        """dotprod/clustering: as ``_choose_per_node`` scoring plan by plan, from the
+        parts each GPU state shares across its nodes (``StateParts``)."""
+        best = _Best(self.tie_break is TieBreak.RANDOM)
+        for sid, names in self._groups.items():
+            plans = self.policy.plans(self._states[sid], shape)
+            if plans:
+                self._offer_parts(best, self._state_parts(sid, shape_id, plans), names, pod)
+        if not best.items:
+            return None
+        name, ev = self.rng.choice(best.items) if best.rand else best.items[0]
+        return realise(self.nodes[name], pod, ev)
+
+    def _offer_parts(
+        self, best: _Best, parts: StateParts, names: Sequence[str], pod: PodDemand
+    ) -> None:
+        """dotprod/clustering: the nodes of one GPU state, unless the state's floor shows
+        that none of them can reach the best so far."""
+        if best.score is not None and self.policy.parts_floor(parts) > best.score:
+            return
+        shape = pod_shape(pod)
+        for n in names:
+            ev = self._parts_eval(n, parts, pod, shape)
+            if ev is not None:
+                best.offer(n, ev)
+
+    def _state_parts(self, sid: int, shape_id: int, plans: Sequence[Plan]) -> StateParts:
+        key = (sid, shape_id)
+        got = self._parts.get(key)
+        if got is None:
+            if len(self._parts) >= self.policy.memo_limit:
+                self._parts.clear()
+            got = self._parts[key] = state_parts(self._states[sid], plans)
+        return got
+
+    def _parts_eval(
+        self, name: str, parts: StateParts, pod: PodDemand, shape: DemandShape
+    ) -> StateEval | None:
+        node = self.nodes[name]
+        if host_nofit(node, pod) is not None:
+            return None
+        return self.policy.node_eval(parts, host_of(node, pod, None, shape))
 
     def _node_eval(
         self,

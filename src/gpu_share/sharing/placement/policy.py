@@ -271,6 +271,28 @@ class ClusterPolicy:
             delta += self.pressure_weight * h.price * taken
         return (round(delta, _ROUND), round(free_after, _ROUND))
 
+    def parts_floor(self, parts: StateParts) -> Score:
+        """A score no node in ``parts``' state can beat (``node_eval``)."""
+        if self.name is ClusterPolicyName.DOTPROD:
+            return parts.dotprod_floor
+        return parts.clustering_floor
+
+    def node_eval(self, parts: StateParts, h: Host) -> StateEval | None:
+        """The best plan on one node for ``dotprod``/``clustering`` from the state's
+        shared parts: the same result as scoring every plan with ``score``."""
+        if self.name is ClusterPolicyName.DOTPROD:
+            cpu, mem = _dotprod_host(h)
+            return _first_best(parts, lambda _p, gpu: (round(gpu + cpu + mem, _ROUND),))
+        if self.name is not ClusterPolicyName.CLUSTERING:
+            raise ValueError(f"{self.name} is not scored from state parts")
+        tier = _cluster_tier(h, parts.idle)
+
+        def primary(plan: Plan, _gpu: float) -> Score:
+            # no devices asked: the plan keeps the state, score() gives (free,) alone
+            return (tier,) if plan.steps else ()
+
+        return _first_best(parts, primary)
+
     def evaluate(
         self, state: StateKey, demand: DemandShape, host: Host | None = None
     ) -> StateEval | None:
@@ -321,24 +343,68 @@ def _fraction(part: float, whole: float | None) -> float:
     return part / whole if whole else 0.0
 
 
-def _dotprod(state: StateKey, plan: Plan, h: Host) -> Score:
-    """Free resources . request, each dimension a fraction of the node's capacity."""
+def _dotprod_gpu(state: StateKey, plan: Plan) -> float:
     cap = MILLI * len(state)
     asked = free_total(state) - free_total(plan.after)
-    gpu = _fraction(free_total(state), cap) * _fraction(asked, cap)
+    return _fraction(free_total(state), cap) * _fraction(asked, cap)
+
+
+def _dotprod_host(h: Host) -> tuple[float, float]:
     cpu = _fraction(h.cpu_free or 0, h.cpu_total) * _fraction(h.cpu, h.cpu_total)
     mem = _fraction(h.memory_free or 0, h.memory_total) * _fraction(h.memory, h.memory_total)
+    return cpu, mem
+
+
+def _dotprod(state: StateKey, plan: Plan, h: Host) -> Score:
+    """Free resources . request, each dimension a fraction of the node's capacity."""
+    cpu, mem = _dotprod_host(h)
+    gpu = _dotprod_gpu(state, plan)
     return (round(gpu + cpu + mem, _ROUND), round(free_total(plan.after), _ROUND))
 
 
-def _clustering(state: StateKey, plan: Plan, h: Host) -> Score:
+def _cluster_tier(h: Host, idle: bool) -> float:
     if h.shape in h.held:
-        tier = 0.0  # pods with the same GPU request are here
-    elif all(is_whole_free(d) for d in state):
-        tier = 1.0  # an idle node: start a new cluster
-    else:
-        tier = 2.0
+        return 0.0  # pods with the same GPU request are here
+    return 1.0 if idle else 2.0  # an idle node starts a new cluster
+
+
+def _clustering(state: StateKey, plan: Plan, h: Host) -> Score:
+    tier = _cluster_tier(h, all(is_whole_free(d) for d in state))
     return (tier, round(free_total(plan.after), _ROUND))
+
+
+@dataclass(frozen=True)
+class StateParts:
+    """What the dotprod and clustering scores of every plan on one GPU state share
+    across nodes: computed once per (state, request), combined per node with its host
+    values (``ClusterPolicy.node_eval``). Same arithmetic, same order: same scores."""
+
+    idle: bool
+    plans: tuple[tuple[Plan, float, float], ...]  # (plan, dotprod GPU term, rounded free after)
+    # no node in this state scores below these (host terms are >= 0, tiers >= 0)
+    dotprod_floor: Score
+    clustering_floor: Score
+
+
+def state_parts(state: StateKey, plans: Sequence[Plan]) -> StateParts:
+    got = tuple((p, _dotprod_gpu(state, p), round(free_total(p.after), _ROUND)) for p in plans)
+    least_free = min(f for _, _, f in got)
+    steps = any(p.steps for p in plans)
+    return StateParts(
+        all(is_whole_free(d) for d in state),
+        got,
+        (round(min(g for _, g, _ in got), _ROUND),),
+        (0.0, least_free) if steps else (least_free,),
+    )
+
+
+def _first_best(parts: StateParts, primary: Callable[[Plan, float], Score]) -> StateEval | None:
+    best: StateEval | None = None
+    for plan, gpu, free_after in parts.plans:
+        sc = (*primary(plan, gpu), free_after)
+        if best is None or sc < best.score:
+            best = StateEval(sc, plan.after, plan.steps)
+    return best
 
 
 def make_policy(name: ClusterPolicyName | str, workload: Workload | None = None) -> ClusterPolicy:
