@@ -84,8 +84,12 @@ def test_extender_alerts_come_with_the_scheduler(helm: str) -> None:
                               "json:monitoring.prometheusRule.extenderLatencySeconds=2.5"])
     alerts = _alerts(objs)
     assert set(alerts) == AGENT_ALERTS | EXTENDER_ALERTS
-    assert 'profile="gpus"' in alerts["GpuShareExtenderErrors"]["expr"]
-    assert alerts["GpuShareExtenderSlow"]["expr"].rstrip().endswith("> 2.5")
+    # The extender's own metrics, not kube-scheduler's (which the chart does not scrape).
+    errors, slow = alerts["GpuShareExtenderErrors"]["expr"], alerts["GpuShareExtenderSlow"]["expr"]
+    assert "gpu_share_extender_requests_total{" in errors and "scheduler_" not in errors
+    assert f'namespace="{NAMESPACE}"' in errors
+    assert "gpu_share_extender_request_duration_seconds_bucket{" in slow
+    assert slow.rstrip().endswith("> 2.5")
 
 
 def test_selector_labels_and_durations_are_values(helm: str) -> None:
@@ -139,3 +143,78 @@ def test_dashboard_namespace_labels_and_annotations(helm: str) -> None:
     assert cm["metadata"]["namespace"] == "monitoring"
     assert cm["metadata"]["annotations"] == {"grafana_folder": "GPU"}
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "yes"
+
+
+# ---- the extender's metrics listener and its PodMonitor ----------------------------------
+
+SCHED = "scheduler.enabled=true"
+SERVICE = "scheduler.extender.mode=service"
+PODMON = "scheduler.extender.metrics.podMonitor.enabled=true"
+ON = "scheduler.extender.metrics.port=9402"
+
+
+def _extender_container(objs: list[dict[str, Any]], mode: str) -> dict[str, Any]:
+    name = f"{FN}-scheduler" if mode == "sidecar" else f"{FN}-extender"
+    (dep,) = [o for o in by_kind(objs, "Deployment") if o["metadata"]["name"] == name]
+    (c,) = [c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "extender"]
+    return c
+
+
+def test_extender_serves_metrics_on_a_named_port_in_both_modes(helm: str) -> None:
+    for mode, sets in (("sidecar", [SCHED, ON]), ("service", [SCHED, SERVICE, ON])):
+        c = _extender_container(render(helm, sets=sets), mode)
+        assert "--metrics-port=9402" in c["args"] and "--metrics-bind=0.0.0.0" in c["args"]
+        assert {"name": "metrics", "containerPort": 9402} in c["ports"], mode
+        # The scheduler's API keeps its own listener: loopback (sidecar) or mTLS (service).
+        listen = [a for a in c["args"] if a.startswith("--listen=")]
+        assert listen == (["--listen=127.0.0.1:8888"] if mode == "sidecar"
+                          else ["--listen=0.0.0.0:8888"]), mode
+        if mode == "service":
+            assert "--client-ca-file=/etc/gpu-share-extender-tls/ca.crt" in c["args"]
+
+
+def test_extender_metrics_port_and_bind_are_values_and_zero_is_off(helm: str) -> None:
+    c = _extender_container(render(helm, sets=[
+        SCHED, "scheduler.extender.metrics.port=9555",
+        "scheduler.extender.metrics.bindAddress=127.0.0.1"]), "sidecar")
+    assert "--metrics-port=9555" in c["args"] and "--metrics-bind=127.0.0.1" in c["args"]
+    # on by default (9402, the pod's address); 0 is off: the sidecar then exposes nothing
+    on = _extender_container(render(helm, sets=[SCHED]), "sidecar")
+    assert "--metrics-port=9402" in on["args"]
+    assert [p["name"] for p in on["ports"]] == ["metrics"]
+    off = _extender_container(render(helm, sets=[SCHED, "scheduler.extender.metrics.port=0"]),
+                              "sidecar")
+    assert not [a for a in off["args"] if a.startswith("--metrics-")]
+    assert "ports" not in off
+    svc = _extender_container(render(helm, sets=[SCHED, SERVICE,
+                                                 "scheduler.extender.metrics.port=0"]), "service")
+    assert [p["name"] for p in svc["ports"]] == ["https"]
+    svc = _extender_container(render(helm, sets=[SCHED, SERVICE]), "service")
+    assert [p["name"] for p in svc["ports"]] == ["https", "metrics"]
+
+
+def test_pod_monitor_is_off_by_default_and_selects_the_extender_pods(helm: str) -> None:
+    assert not by_kind(render(helm, sets=[SCHED, ON]), "PodMonitor")
+    assert not by_kind(render(helm, sets=[PODMON, ON]), "PodMonitor")  # no scheduler: none
+    for mode, sets, component in (("sidecar", [SCHED, PODMON, ON], "scheduler"),
+                                  ("service", [SCHED, SERVICE, PODMON, ON], "extender")):
+        objs = render(helm, sets=[*sets, "scheduler.extender.metrics.podMonitor.labels.release=kps",
+                                  "scheduler.extender.metrics.podMonitor.interval=15s"])
+        pm = one(objs, "PodMonitor")
+        assert pm["apiVersion"] == "monitoring.coreos.com/v1"
+        assert pm["metadata"]["name"] == f"{FN}-extender", mode
+        assert pm["metadata"]["namespace"] == NAMESPACE
+        assert pm["metadata"]["labels"]["release"] == "kps"
+        assert pm["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+        assert pm["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == component
+        (ep,) = pm["spec"]["podMetricsEndpoints"]
+        assert ep == {"port": "metrics", "path": "/metrics", "interval": "15s",
+                      "scrapeTimeout": "10s"}
+        # the selected pods carry the port it names
+        assert "metrics" in [p["name"] for p in _extender_container(objs, mode)["ports"]]
+
+
+def test_pod_monitor_needs_the_metrics_port(helm: str) -> None:
+    err = render_error(helm, sets=[SCHED, PODMON, "scheduler.extender.metrics.port=0"])
+    assert "scheduler.extender.metrics.port" in err
+    assert "port" in render_error(helm, sets=[SCHED, "scheduler.extender.metrics.port=70000"])

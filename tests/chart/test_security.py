@@ -81,8 +81,11 @@ def test_sidecar_is_the_default_and_listens_on_loopback_only(helm: str) -> None:
     assert "hostNetwork" not in pod  # the pod's loopback is its own
     ext = _containers(_deployment(objs, f"{FN}-scheduler"))["extender"]
     assert "--listen=127.0.0.1:8888" in ext["args"]
-    assert not [a for a in ext["args"] if "0.0.0.0" in a or "insecure" in a]
-    assert "ports" not in ext
+    # The only listener off loopback is the read-only metrics one (GET /metrics, probes:
+    # nothing there filters, scores or binds; tests/extender/test_metrics.py).
+    assert not [a for a in ext["args"] if "insecure" in a]
+    assert [a for a in ext["args"] if "0.0.0.0" in a] == ["--metrics-bind=0.0.0.0"]
+    assert ext["ports"] == [{"name": "metrics", "containerPort": 9402}]
     for probe, path in (("readinessProbe", "readyz"), ("livenessProbe", "healthz")):
         assert set(ext[probe]) - {"initialDelaySeconds", "periodSeconds", "timeoutSeconds"} == {
             "exec"
@@ -350,8 +353,10 @@ def test_extender_network_policy_admits_only_the_scheduler(helm: str) -> None:
     assert spec["podSelector"]["matchLabels"].items() <= ext_labels.items()
     assert not spec["podSelector"]["matchLabels"].items() <= sched_labels.items()
     assert spec["policyTypes"] == ["Ingress"]
-    (rule,) = spec["ingress"]
+    rule, metrics = spec["ingress"]
     assert rule["ports"] == [{"port": 8888, "protocol": "TCP"}]
+    # The read-only metrics port: any source (metrics.networkPolicy off), that port only.
+    assert metrics == {"ports": [{"port": 9402, "protocol": "TCP"}]}
     first, *rest = rule["from"]
     assert set(first) == {"podSelector"}
     assert first["podSelector"]["matchLabels"].items() <= sched_labels.items()

@@ -1,6 +1,7 @@
 """Hypothesis against a real extender on 127.0.0.1 (fake view and binder): whatever the
 body, /filter, /prioritize and /bind answer a well-formed JSON response, never 5xx, and an
-error's reason is short (issue 11, item 1 and the fuzzing scenario)."""
+error's reason is short (issue 11, item 1 and the fuzzing scenario); each request is
+counted once in the extender's metrics, a refused one as refused (#17)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 from gpu_share.extender.core import Extender, ExtenderSettings
 from gpu_share.extender.http import make_server
 from gpu_share.observability.http import BoundedServer
+from gpu_share.observability.metrics import ExtenderMetrics
 from gpu_share.sharing.model import ResourceNames
 from gpu_share.sharing.placement import make_policy
 from tests.extender.test_http import CORE, KEY, MEM, FakeBinder, FakeView, kpod
@@ -29,7 +31,7 @@ MAX_ERROR = 512  # bytes of an error answer
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[BoundedServer]:
-    view, binder = FakeView(), FakeBinder()
+    view, binder, metrics = FakeView(), FakeBinder(), ExtenderMetrics()
     ext = Extender(
         ExtenderSettings(ResourceNames(MEM, CORE), "vendor.com", KEY),
         view,
@@ -37,7 +39,8 @@ def server() -> Iterator[BoundedServer]:
         lambda v: make_policy("fgd", v.workload()),
         clock=lambda: 1_700_000_000.0,
     )
-    srv = make_server(ext, "127.0.0.1", 0)
+    srv = make_server(ext, "127.0.0.1", 0, metrics=metrics)
+    srv.metrics = metrics  # type: ignore[attr-defined]
     t = srv.start()
     yield srv
     srv.shutdown()
@@ -45,7 +48,15 @@ def server() -> Iterator[BoundedServer]:
     t.join(5)
 
 
+def _requests(m: ExtenderMetrics, verb: str) -> dict[str, float]:
+    return {o: m.registry.get_sample_value(
+        "gpu_share_extender_requests_total", {"verb": verb, "outcome": o}) or 0.0
+        for o in ("ok", "error", "refused", "internal")}
+
+
 def exchange(srv: BoundedServer, route: str, body: bytes) -> None:
+    m: ExtenderMetrics = srv.metrics  # type: ignore[attr-defined]
+    before = _requests(m, route.strip("/"))
     conn = http.client.HTTPConnection("127.0.0.1", srv.server_address[1], timeout=30)
     try:
         conn.request("POST", route, body, {"Content-Type": "application/json"})
@@ -59,6 +70,11 @@ def exchange(srv: BoundedServer, route: str, body: bytes) -> None:
     got = json.loads(data)  # well-formed JSON, whatever the answer
     if r.status != 200:
         assert len(data) <= MAX_ERROR and isinstance(got.get("Error"), str)
+    after = _requests(m, route.strip("/"))
+    grew = {o: after[o] - before[o] for o in after if after[o] != before[o]}
+    want = "refused" if r.status >= 400 else ("error" if isinstance(got, dict)
+                                               and got.get("Error") else "ok")
+    assert grew == {want: 1.0}, (route, r.status, grew)
 
 
 scalars = (

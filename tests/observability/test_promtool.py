@@ -1,8 +1,9 @@
 """promtool (hack/build-promtool.sh, from the Prometheus Go module) on what we ship (#17):
-`promtool check metrics` on live /metrics scrapes of the agent (the extender has no
-/metrics); the chart's PrometheusRule through `promtool check rules` and the unit tests of
-every alert in tests/observability/rules/*.yaml (`promtool test rules`); every query of
-the Grafana dashboard through promtool's PromQL parser (as recording rules).
+`promtool check metrics` on live /metrics scrapes of the agent and of the extender (its
+separate metrics listener); the chart's PrometheusRule through `promtool check rules` and
+the unit tests of every alert in tests/observability/rules/*.yaml (`promtool test
+rules`); every query of the Grafana dashboard through promtool's PromQL parser (as
+recording rules).
 
 promtool is built before pytest by `make test`; without it these tests skip loudly, and
 fail where GPU_SHARE_REQUIRE_CLUSTER=1 (the CI machines that build the cluster binaries
@@ -28,10 +29,16 @@ import grpc
 import pytest
 import yaml
 
+from gpu_share.cli import extender_main
+from gpu_share.extender.core import Extender, ExtenderSettings
+from gpu_share.extender.http import make_server
 from gpu_share.observability.http import READY_METRIC, start_http
-from gpu_share.observability.metrics import Metrics
+from gpu_share.observability.metrics import ExtenderMetrics, Metrics
+from gpu_share.sharing.model import ResourceNames
+from gpu_share.sharing.placement import make_policy
 from tests.agent.served_agent import kill_if_running, scratch_dir, spawn_agent
 from tests.chart.conftest import CHART, NAMESPACE, RELEASE, helm_path, one, render
+from tests.extender.test_http import CORE, KEY, MEM, FakeBinder, FakeView, kpod, post_raw
 from tests.harness.env import REQUIRE_CLUSTER
 from tests.support.kubelet_stub import FakePodResources, KubeletStub, wait_until
 
@@ -41,11 +48,6 @@ RULES_FILE = "gpu-share-rules.yaml"  # what the unit tests' rule_files name
 DASHBOARD = CHART / "dashboards" / "gpu-share.json"
 RULES_ON = ["monitoring.prometheusRule.enabled=true", "scheduler.enabled=true"]
 PROMTOOL_TIMEOUT_S = 120
-# kube-scheduler metrics the extender alerts and panels read (the extender has none).
-SCHEDULER_METRICS = {
-    "scheduler_schedule_attempts_total",
-    "scheduler_scheduling_attempt_duration_seconds_bucket",
-}
 
 
 @functools.cache
@@ -188,11 +190,76 @@ def test_promtool_check_metrics_does_lint(promtool: str) -> None:
     assert proc.returncode != 0 and b"base unit" in proc.stdout + proc.stderr
 
 
-def test_the_extender_has_no_metrics_endpoint() -> None:
-    """What its alerts rest on instead: kube-scheduler's metrics of the gpu-share profile
-    (if the extender gains /metrics, scrape it in the test above)."""
-    src = (REPO / "src" / "gpu_share" / "extender" / "http.py").read_text()
-    assert "/metrics" not in src
+def test_live_extender_metrics_pass_promtool_check_metrics(promtool: str) -> None:
+    """The extender answering the scheduler (fake view and binder), its metrics served
+    by the CLI's own listener (--metrics-port), scraped after filter/prioritize/bind,
+    a refused body and an unknown route."""
+    metrics = ExtenderMetrics()
+    ext = Extender(
+        ExtenderSettings(ResourceNames(MEM, CORE), "vendor.com", KEY), FakeView(),
+        FakeBinder(), lambda v: make_policy("fgd", v.workload()),
+        on_bind=metrics.observe_bind,
+    )
+    server = make_server(ext, "127.0.0.1", 0, metrics=metrics)
+    thread = server.start()
+    args = extender_main.parse_args(
+        ["--metrics-port", str(_free_port()), "--metrics-bind", "127.0.0.1"])
+
+    class View:
+        loops = None
+
+        @staticmethod
+        def stats() -> tuple[int, int, dict[str, int], dict[str, int]]:
+            return 2, 5, {"nodes": 1, "pods": 3}, {"nodes": 0, "pods": 2}
+
+    metrics.registry.collectors.append(lambda: metrics.set_view(*View.stats()))
+    metrics.observe_untrusted("BadSignature")
+    listener = extender_main._metrics_listener(args, metrics, View())  # type: ignore[arg-type]
+    assert listener is not None
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        pod = json.dumps({"Pod": kpod(4, 30), "NodeNames": ["a", "b", "zz"]}).encode()
+        assert post_raw(url + "/filter", pod)[0] == 200
+        assert post_raw(url + "/prioritize", pod)[0] == 200
+        bind = {"PodName": "p", "PodNamespace": "ns", "PodUID": "uid-1", "Node": "b"}
+        assert post_raw(url + "/bind", json.dumps(bind).encode()) == (200, {"Error": ""})
+        assert post_raw(url + "/filter", b"{nope")[0] == 400
+        assert post_raw(url + "/nope", b"{}")[0] == 404
+        body = _get(f"http://127.0.0.1:{listener.port}/metrics")
+    finally:
+        listener.stop()
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+    text = body.decode()
+    for wanted in ('gpu_share_extender_requests_total{verb="filter",outcome="refused"} 1.0',
+                   'gpu_share_extender_requests_total{verb="other",outcome="refused"} 1.0',
+                   'gpu_share_extender_binds_total{outcome="bound"} 1.0',
+                   'gpu_share_extender_filter_nodes_total{result="failed"} 1.0',
+                   'gpu_share_extender_request_duration_seconds_count{verb="bind"} 1.0',
+                   "gpu_share_extender_view_pods 5.0",
+                   'gpu_share_extender_view_watch_errors_total{watch="pods"} 2.0',
+                   'gpu_share_extender_untrusted_annotations_total{reason="BadSignature"} 1.0'):
+        assert wanted in text, (wanted, text)
+    check_metrics(promtool, body)
+
+
+def test_every_extender_family_with_series_passes_promtool(promtool: str) -> None:
+    m = ExtenderMetrics()
+    for family in m.registry.families():
+        series: Any = family
+        if family.labelnames:
+            series = family.labels(*(f"{n}-x" for n in family.labelnames))
+        if hasattr(series, "observe"):
+            series.observe(0.003)
+        else:
+            series.inc()
+    handle = start_http(m.registry, bind_address="127.0.0.1", port=0)
+    try:
+        body = _get(f"http://127.0.0.1:{handle.port}/metrics")
+    finally:
+        handle.stop()
+    check_metrics(promtool, body)
 
 
 # ---- the PrometheusRule -------------------------------------------------------------
@@ -261,7 +328,7 @@ def test_alerts_have_severity_summary_description_and_runbook() -> None:
 
 def _exported_names() -> set[str]:
     names = {READY_METRIC}
-    for family in Metrics().registry.families():
+    for family in [*Metrics().registry.families(), *ExtenderMetrics().registry.families()]:
         names.update(family.sample_names())
     return names
 
@@ -275,10 +342,12 @@ def test_rules_and_dashboard_name_only_exported_metrics() -> None:
     exprs = [r["expr"] for r in alerts_of(rendered_rules())]
     exprs += [e for _, e in dashboard_queries()]
     used = set().union(*map(_metric_names, exprs))
-    assert used - _exported_names() - SCHEDULER_METRICS == set()
-    # and the dashboard shows each family of the agent
+    # (scheduler_*: kube-scheduler's own, which nothing reads any more)
+    assert used - _exported_names() == set()
+    # and the dashboard shows each family of the agent and of the extender
     shown = set().union(*(_metric_names(e) for _, e in dashboard_queries()))
-    families = {f.name for f in Metrics().registry.families()} | {READY_METRIC}
+    families = {f.name for f in [*Metrics().registry.families(),
+                                 *ExtenderMetrics().registry.families()]} | {READY_METRIC}
     missing = {f for f in families if not any(n.startswith(f) for n in shown)}
     assert missing == set()
 

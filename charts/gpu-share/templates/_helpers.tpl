@@ -343,11 +343,20 @@ Service: HTTPS requiring a client certificate of the CA in ca.crt; probed by TCP
     - --read-timeout-seconds={{ $ext.readTimeoutSeconds }}
     - --idle-timeout-seconds={{ $ext.idleTimeoutSeconds }}
     - --workers={{ $ext.workers }}
+    {{- if $ext.metrics.port }}
+    - --metrics-port={{ int $ext.metrics.port }}
+    - --metrics-bind={{ $ext.metrics.bindAddress }}
+    {{- end }}
   {{- with (and $sidecar $root.Values.scheduler.extraEnv) }}
   env:
     {{- toYaml . | nindent 4 }}
   {{- end }}
   {{- if $sidecar }}
+  {{- if $ext.metrics.port }}
+  ports:
+    - name: metrics
+      containerPort: {{ int $ext.metrics.port }}
+  {{- end }}
   readinessProbe:
     exec:
       command: ["gpu-share", "probe", "--timeout", "3", "http://127.0.0.1:{{ $ext.port }}/readyz"]
@@ -363,6 +372,10 @@ Service: HTTPS requiring a client certificate of the CA in ca.crt; probed by TCP
   ports:
     - name: https
       containerPort: {{ $ext.port }}
+    {{- if $ext.metrics.port }}
+    - name: metrics
+      containerPort: {{ int $ext.metrics.port }}
+    {{- end }}
   readinessProbe:
     tcpSocket:
       port: https

@@ -22,7 +22,14 @@ from gpu_share.extender.http import EXTENDER_LIMITS, make_server
 from gpu_share.extender.ports import ClusterView
 from gpu_share.kube.client import make_api_client
 from gpu_share.kube.cluster_view import KubeBinder, KubeClusterView
-from gpu_share.observability.http import BoundedServer, ServerLimits, server_tls_context
+from gpu_share.observability.http import (
+    BoundedServer,
+    HttpHandle,
+    ServerLimits,
+    server_tls_context,
+    start_http,
+)
+from gpu_share.observability.metrics import ExtenderMetrics
 from gpu_share.sharing.model import ResourceNames
 from gpu_share.sharing.model_req import DEFAULT_MODEL_LABEL
 from gpu_share.sharing.placement import (
@@ -111,6 +118,16 @@ def serving(a: argparse.Namespace) -> Serving:
     return Serving(host, port, limits, ctx, mutual)
 
 
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port {port} is out of range (0-65535)")
+    return port
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="gpu-share-extender")
     env = os.environ.get
@@ -172,6 +189,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=env("GPU_SHARE_MODEL_LABEL", DEFAULT_MODEL_LABEL),
         help="node label naming the GPU model (nodeSelector/affinity on it restrict models)",
     )
+    ap.add_argument(
+        "--metrics-port",
+        type=_port,
+        default=env("GPU_SHARE_EXTENDER_METRICS_PORT", "0"),
+        help="serve GET /metrics (and /healthz) on a separate plain-HTTP, read-only "
+        "listener; 0 = off",
+    )
+    ap.add_argument(
+        "--metrics-bind",
+        default=env("GPU_SHARE_EXTENDER_METRICS_BIND", "0.0.0.0"),
+        help="address of the metrics listener",
+    )
     ap.add_argument("--kubeconfig", default=env("KUBECONFIG"))
     ap.add_argument("--log-level", default=env("GPU_SHARE_LOG_LEVEL", "info"))
     return ap.parse_args(argv)
@@ -213,7 +242,7 @@ def _policy_factory(name: str) -> Callable[[ClusterView], ClusterPolicy]:
 
 
 def _extender(
-    a: argparse.Namespace, names: ResourceNames, key: bytes
+    a: argparse.Namespace, names: ResourceNames, key: bytes, metrics: ExtenderMetrics
 ) -> tuple[KubeClusterView, Extender]:
     api = make_api_client(a.kubeconfig)
     view = KubeClusterView(
@@ -224,9 +253,14 @@ def _extender(
         default_workload=parse_workload(a.default_workload),
         decision_key=key,  # pod annotations count only when signed with it
         model_label=a.model_label,
+        on_untrusted=metrics.observe_untrusted,
     )
+    metrics.registry.collectors.append(lambda: metrics.set_view(*view.stats()))
     settings = ExtenderSettings(names, a.domain, key, model_label=a.model_label)
-    return view, Extender(settings, view, KubeBinder(api), _policy_factory(a.policy))
+    ext = Extender(
+        settings, view, KubeBinder(api), _policy_factory(a.policy), on_bind=metrics.observe_bind
+    )
+    return view, ext
 
 
 def _mode(plan: Serving) -> str:
@@ -238,7 +272,11 @@ def _mode(plan: Serving) -> str:
 
 
 def _serve(
-    a: argparse.Namespace, plan: Serving, server: BoundedServer, view: KubeClusterView
+    a: argparse.Namespace,
+    plan: Serving,
+    server: BoundedServer,
+    view: KubeClusterView,
+    metrics_http: HttpHandle | None = None,
 ) -> int:
     """Sync the view, serve until SIGTERM/SIGINT, then shut down."""
     view.start()
@@ -255,6 +293,8 @@ def _serve(
     stop.wait()
     server.shutdown()
     server.server_close()
+    if metrics_http is not None:
+        metrics_http.stop()
     view.stop()
     return 0
 
@@ -274,16 +314,40 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(str(e), file=sys.stderr)
         return 2
-    view, ext = _extender(a, names, key)
+    metrics = ExtenderMetrics()
+    view, ext = _extender(a, names, key, metrics)
     try:  # bound before the (slow) sync: a taken port fails fast
         server = make_server(
             ext, plan.host, plan.port, limits=plan.limits, ssl_context=plan.tls,
-            liveness=lambda: _view_alive(view),
+            liveness=lambda: _view_alive(view), metrics=metrics,
         )
     except OSError as e:
         print(f"gpu-share-extender: cannot listen on {a.listen}: {e}", file=sys.stderr)
         return 1
-    return _serve(a, plan, server, view)
+    try:
+        metrics_http = _metrics_listener(a, metrics, view)
+    except OSError as e:
+        server.server_close()
+        print(f"gpu-share-extender: cannot serve metrics on {a.metrics_bind}:"
+              f"{a.metrics_port}: {e}", file=sys.stderr)
+        return 1
+    return _serve(a, plan, server, view, metrics_http)
+
+
+def _metrics_listener(
+    a: argparse.Namespace, metrics: ExtenderMetrics, view: KubeClusterView
+) -> HttpHandle | None:
+    """The read-only metrics listener (the agent's bounded /metrics server), or None
+    with --metrics-port 0. Apart from the scheduler's listener, so mutual TLS there
+    stays whole and Prometheus needs no client certificate."""
+    if a.metrics_port == 0:
+        return None
+    handle = start_http(
+        metrics.registry, bind_address=a.metrics_bind, port=a.metrics_port,
+        liveness=lambda: _view_alive(view),
+    )
+    log.info("metrics on %s:%d (GET /metrics)", handle.host, handle.port)
+    return handle
 
 
 if __name__ == "__main__":

@@ -33,6 +33,9 @@ from gpu_share.sharing.pod_request import PodRequest, parse_pod_request
 
 MAX_PRIORITY = 10  # extenderv1.MaxExtenderPriority
 _NO_INV = NoFitCause.NO_INVENTORY
+# Bind outcomes (``on_bind``; observability.metrics.BIND_OUTCOMES).
+BIND_BOUND, BIND_NO_FIT, BIND_POD_NOT_FOUND = "bound", "no_fit", "pod_not_found"
+BIND_INVALID_POD, BIND_API_ERROR = "invalid_pod", "api_error"
 
 
 @dataclass(frozen=True)
@@ -60,8 +63,11 @@ class Extender:
         binder: Binder,
         policy_factory: Callable[[ClusterView], ClusterPolicy],
         clock: Callable[[], float] = time.time,
+        on_bind: Callable[[str], None] | None = None,
     ) -> None:
+        """``on_bind(outcome)``: called once per bind (``BIND_*``; a metric hook)."""
         self.settings = settings
+        self._on_bind = on_bind
         self.view = view
         self.binder = binder
         self._policy_factory = policy_factory
@@ -155,6 +161,12 @@ class Extender:
         return [{"Host": n, "Score": scores[n]} for n in names]
 
     def bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:
+        outcome, result = self._bind(args)
+        if self._on_bind is not None:
+            self._on_bind(outcome)
+        return result
+
+    def _bind(self, args: ExtenderBindingArgs) -> tuple[str, ExtenderBindingResult]:
         ns, name = args["PodNamespace"], args["PodName"]
         uid, node = args["PodUID"], args["Node"]
         with self._seen_lock:
@@ -162,11 +174,11 @@ class Extender:
         if reqs is None:
             pod = self.view.pod(ns, name)
             if pod is None:
-                return {"Error": f"pod {ns}/{name} not found"}
+                return BIND_POD_NOT_FOUND, {"Error": f"pod {ns}/{name} not found"}
             try:
                 reqs = pod_ask(pod, self.settings)
             except ValueError as e:
-                return {"Error": f"pod {ns}/{name}: {e}"}
+                return BIND_INVALID_POD, {"Error": f"pod {ns}/{name}: {e}"}
         annotations: dict[str, str] = {}
         with self._lock:
             shares: dict[str, tuple[int, int]] = {}
@@ -174,7 +186,7 @@ class Extender:
             if asking:
                 r = self._evaluate([node], reqs.demand())[node]
                 if isinstance(r, NoFit):
-                    return {"Error": f"gpu-share: {node}: {r.reason}"}
+                    return BIND_NO_FIT, {"Error": f"gpu-share: {node}: {r.reason}"}
                 decision = Decision(
                     pod_uid=uid,
                     node=node,
@@ -194,7 +206,7 @@ class Extender:
             try:
                 self.binder.annotate_and_bind(ns, name, uid, node, annotations)
             except Exception as e:  # surfaced to the scheduler, which retries the pod
-                return {"Error": f"bind {ns}/{name} to {node}: {e}"}
+                return BIND_API_ERROR, {"Error": f"bind {ns}/{name} to {node}: {e}"}
             if shares:
                 self.view.reserve(uid, node, shares)
-        return {"Error": ""}
+        return BIND_BOUND, {"Error": ""}

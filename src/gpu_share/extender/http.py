@@ -2,7 +2,9 @@
 
 See docs/extender.md ("HTTP stack", "Securing the extender"). Every malformed request
 answers 400 with a short reason (extender/validate.py checks the body before the core
-runs); a bug answers 500 with a fixed message, the details go to the log only.
+runs); a bug answers 500 with a fixed message, the details go to the log only. With
+``metrics``, each POST is counted by verb and outcome and timed; the metrics themselves are
+served on a separate listener (cli/extender_main.py ``--metrics-port``), never here.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import ssl
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -20,6 +23,7 @@ from gpu_share.extender import validate
 from gpu_share.extender.api import ExtenderArgs, ExtenderBindingArgs
 from gpu_share.extender.core import Extender
 from gpu_share.observability.http import BoundedHandler, BoundedServer, ServerLimits
+from gpu_share.observability.metrics import OTHER_VERB, ExtenderMetrics
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +42,24 @@ EXTENDER_LIMITS = ServerLimits(
 )
 INTERNAL_ERROR = "internal error (see the extender log)"
 NOT_FOUND = "no such route"
+
+
+def _outcome(code: int, answer: object) -> str:
+    """The ``outcome`` label of a request answered with ``code`` and ``answer``."""
+    if code >= 500:
+        return "internal"
+    if code >= 400:
+        return "refused"
+    return "error" if isinstance(answer, dict) and answer.get("Error") else "ok"
+
+
+def _filter_counts(answer: object) -> tuple[int, int]:
+    """(passed, failed) nodes of a filter answer; (0, 0) for one with an Error."""
+    if not isinstance(answer, dict) or answer.get("Error"):
+        return 0, 0
+    names = answer.get("NodeNames")
+    passed = len(names) if names is not None else len((answer.get("Nodes") or {}).get("items", []))
+    return passed, len(answer.get("FailedNodes") or {})
 
 
 def _probe(liveness: Callable[[], bool] | None) -> tuple[bool, str]:
@@ -67,18 +89,48 @@ def make_server(
     limits: ServerLimits = EXTENDER_LIMITS,
     ssl_context: ssl.SSLContext | None = None,
     liveness: Callable[[], bool] | None = None,
+    metrics: ExtenderMetrics | None = None,
 ) -> BoundedServer:
     """The extender's server, bound and not yet serving (``serve_forever``/``start``).
 
     ``liveness`` backs ``/healthz`` and ``/readyz``: False or an exception (e.g. a
-    cluster-view watch loop that stopped beating) answers 503 with a bounded reason."""
+    cluster-view watch loop that stopped beating) answers 503 with a bounded reason.
+    ``metrics``: every POST is counted by verb and outcome, and timed (served elsewhere:
+    this listener answers the scheduler only)."""
     routes: dict[str, _Route[ExtenderArgs] | _Route[ExtenderBindingArgs]] = {
         "/filter": _Route(validate.filter_args, extender.filter),
         "/prioritize": _Route(validate.filter_args, extender.prioritize),
         "/bind": _Route(validate.bind_args, extender.bind),
     }
 
+    def count(path: str, code: int, answer: object, started: float) -> None:
+        if metrics is None:
+            return
+        route = path.split("?", 1)[0].rstrip("/")
+        verb = route[1:] if route in routes else OTHER_VERB
+        metrics.observe_request(verb, _outcome(code, answer), time.perf_counter() - started)
+        if verb == "filter" and code == 200:
+            metrics.observe_filter(*_filter_counts(answer))
+
     class Handler(BoundedHandler):
+        _started = 0.0
+
+        def parse_request(self) -> bool:
+            self._started = time.perf_counter()
+            self.path = ""  # a request line that does not parse names no verb
+            return super().parse_request()
+
+        def send_error(
+            self, code: int, message: str | None = None, explain: str | None = None
+        ) -> None:
+            # Refusals before do_POST runs (411, 413, 405, a request line that does not
+            # parse: no command, and path/start may be the previous request's).
+            if not self.command:
+                count("", code, None, time.perf_counter())
+            elif self.command not in ("GET", "HEAD"):
+                count(self.path, code, None, self._started)
+            super().send_error(code, message, explain)
+
         def error_body(self, code: int, reason: str) -> tuple[bytes, str]:
             return json.dumps({"Error": reason}).encode(), "application/json"
 
@@ -93,22 +145,34 @@ def make_server(
                 self._json(404, {"Error": NOT_FOUND})
 
         def do_POST(self) -> None:
+            code, answer, data = self._answer()
+            count(self.path, code, answer, self._started)
+            self.send_body(code, data, "application/json")
+
+        def _answer(self) -> tuple[int, object, bytes]:
+            code, answer = self._run()
+            if code == HTTPStatus.OK:
+                try:
+                    return code, answer, json.dumps(answer).encode()
+                except Exception:  # a bug: an answer JSON cannot carry
+                    log.exception("extender answer of %s cannot be encoded", self.path)
+                    code, answer = 500, {"Error": INTERNAL_ERROR}
+            return code, answer, json.dumps(answer).encode()
+
+        def _run(self) -> tuple[int, object]:
             route = self.path.split("?", 1)[0].rstrip("/")
             entry = routes.get(route)
             if entry is None:
-                self._json(404, {"Error": NOT_FOUND})
-                return
+                return 404, {"Error": NOT_FOUND}
             try:
                 call = entry.parse(validate.parse_json(self.body))
             except validate.BadRequest as e:
-                self._json(400, {"Error": str(e)})
-                return
+                return 400, {"Error": str(e)}
             try:
-                data = json.dumps(call()).encode()
+                answer = call()
             except Exception:  # a bug must not kill the server; the scheduler retries
                 log.exception("extender %s failed", route)
-                self._json(500, {"Error": INTERNAL_ERROR})
-                return
-            self.send_body(HTTPStatus.OK, data, "application/json")
+                return 500, {"Error": INTERNAL_ERROR}
+            return HTTPStatus.OK, answer
 
     return BoundedServer(Handler, (host, port), limits, ssl_context=ssl_context, name="extender")

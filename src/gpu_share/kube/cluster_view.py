@@ -213,6 +213,14 @@ class KubeClusterView:
         for lw in self._watches.values():
             lw.stop()
 
+    def stats(self) -> tuple[int, int, dict[str, int], dict[str, int]]:
+        """For metrics: nodes with an inventory, pods asking our resources, and per watch
+        its full lists and its failed passes (running totals)."""
+        with self._lock:
+            nodes, pods = len(self._nodes), len(self._pods)
+        lists = {what: lw.lists for what, lw in self._watches.items()}
+        return nodes, pods, lists, {what: lw.errors for what, lw in self._watches.items()}
+
     def wait_synced(self, timeout: float) -> bool:
         end = time.monotonic() + timeout
         return all(

@@ -1,4 +1,5 @@
-"""Prometheus metrics of the agent, in a dedicated registry (``observability.prom``).
+"""Prometheus metrics of the agent (and ``ExtenderMetrics``), in dedicated registries
+(``observability.prom``).
 
 One ``Metrics`` object per process; tests make their own. All names start with
 ``gpu_share_``. Label values are small closed sets (resource names from the config,
@@ -11,7 +12,7 @@ request or the API server must not grow the series without bound.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from gpu_share.observability.prom import Counter, Gauge, Histogram, Registry
 
@@ -196,4 +197,140 @@ class Metrics:
 
     def render(self) -> bytes:
         """Text exposition format of this registry."""
+        return self.registry.expose()
+
+
+# -- the extender ----------------------------------------------------------------------
+
+EXTENDER_VERBS: tuple[str, ...] = ("filter", "prioritize", "bind")
+OTHER_VERB = "other"  # a request to no route of ours (or one whose line did not parse)
+# Outcomes of one extender request: answered (ok), answered with an Error field the
+# scheduler acts on (error), refused as malformed (4xx), failed on a bug (internal, 500).
+REQUEST_OUTCOMES: tuple[str, ...] = ("ok", "error", "refused", "internal")
+BIND_OUTCOMES: tuple[str, ...] = ("bound", "no_fit", "pod_not_found", "invalid_pod", "api_error")
+# Filter/prioritize take milliseconds; bind adds API server round trips; the chart's
+# scheduler gives up on an extender call after 30 s (httpTimeout).
+EXTENDER_LATENCY_BUCKETS: tuple[float, ...] = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    30.0,
+)
+
+
+class _CollectingRegistry(Registry):
+    """A registry that refreshes scrape-time values (the cluster view's counts) first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.collectors: list[Callable[[], None]] = []
+
+    def expose(self) -> bytes:
+        for collect in list(self.collectors):
+            collect()
+        return super().expose()
+
+
+class ExtenderMetrics:
+    """Every metric the extender exports, bound to ``self.registry`` (served on its own
+    listener, ``--metrics-port``). Series of the closed label sets are made up front, so
+    the request path only looks one up and bumps it."""
+
+    def __init__(self) -> None:
+        self.registry = _CollectingRegistry()
+        r = self.registry
+        self.requests_total = Counter(
+            f"{PREFIX}_extender_requests_total",
+            "Scheduler requests to the extender, by verb (filter|prioritize|bind|other) and "
+            "outcome (ok|error: answered with an Error|refused: 4xx|internal: 500).",
+            ["verb", "outcome"],
+            registry=r,
+        )
+        self.request_duration_seconds = Histogram(
+            f"{PREFIX}_extender_request_duration_seconds",
+            "Time to answer one scheduler request, body read, by verb.",
+            ["verb"],
+            buckets=EXTENDER_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.filter_nodes_total = Counter(
+            f"{PREFIX}_extender_filter_nodes_total",
+            "Candidate nodes of filter calls, by result (passed|failed).",
+            ["result"],
+            registry=r,
+        )
+        self.binds_total = Counter(
+            f"{PREFIX}_extender_binds_total",
+            "Bind calls by outcome (bound|no_fit|pod_not_found|invalid_pod|api_error).",
+            ["outcome"],
+            registry=r,
+        )
+        self.untrusted_annotations_total = Counter(
+            f"{PREFIX}_extender_untrusted_annotations_total",
+            "Pod decision/assignment annotations the cluster view ignored, by why.",
+            ["reason"],
+            capped={"reason": REASON_CAP},
+            registry=r,
+        )
+        self.view_nodes = Gauge(
+            f"{PREFIX}_extender_view_nodes",
+            "Nodes with a gpu-share inventory in the extender's cluster view.",
+            registry=r,
+        )
+        self.view_pods = Gauge(
+            f"{PREFIX}_extender_view_pods",
+            "Pods asking gpu-share resources in the extender's cluster view.",
+            registry=r,
+        )
+        self.view_lists_total = Counter(
+            f"{PREFIX}_extender_view_lists_total",
+            "Full lists (first sync, relists after 410 or errors, resyncs) per watch.",
+            ["watch"],
+            capped={"watch": REASON_CAP},
+            registry=r,
+        )
+        self.view_watch_errors_total = Counter(
+            f"{PREFIX}_extender_view_watch_errors_total",
+            "Failed list/watch passes of the cluster view (each relists after a pause).",
+            ["watch"],
+            capped={"watch": REASON_CAP},
+            registry=r,
+        )
+        for verb in (*EXTENDER_VERBS, OTHER_VERB):
+            self.request_duration_seconds.labels(verb)
+            for outcome in REQUEST_OUTCOMES:
+                self.requests_total.labels(verb, outcome)
+        for result in ("passed", "failed"):
+            self.filter_nodes_total.labels(result)
+        for outcome in BIND_OUTCOMES:
+            self.binds_total.labels(outcome)
+
+    def observe_request(self, verb: str, outcome: str, seconds: float) -> None:
+        self.requests_total.labels(verb, outcome).inc()
+        self.request_duration_seconds.labels(verb).observe(seconds)
+
+    def observe_filter(self, passed: int, failed: int) -> None:
+        if passed:
+            self.filter_nodes_total.labels("passed").inc(passed)
+        if failed:
+            self.filter_nodes_total.labels("failed").inc(failed)
+
+    def observe_bind(self, outcome: str) -> None:
+        self.binds_total.labels(outcome).inc()
+
+    def observe_untrusted(self, reason: str) -> None:
+        self.untrusted_annotations_total.labels(reason).inc()
+
+    def set_view(
+        self, nodes: int, pods: int, lists: Mapping[str, int], errors: Mapping[str, int]
+    ) -> None:
+        """The cluster view's counts at scrape time (its own running totals)."""
+        self.view_nodes.set(nodes)
+        self.view_pods.set(pods)
+        pairs = ((self.view_lists_total, lists), (self.view_watch_errors_total, errors))
+        for family, totals in pairs:
+            for watch, total in totals.items():
+                series = family.labels(watch)
+                if total > series.get():
+                    series.inc(total - series.get())
+
+    def render(self) -> bytes:
         return self.registry.expose()
