@@ -17,6 +17,7 @@ echo "== tools (helm 3.17 and 4.1)"
 bash hack/install-tools.sh
 echo "== promtool (metrics lint, alert rule tests; cached)"
 bash hack/build-promtool.sh || echo "promtool not built: its tests skip (fail where GPU_SHARE_REQUIRE_CLUSTER=1)"
+bash hack/build-kwok.sh || echo "kwok not built: tests/scale skips (fails where GPU_SHARE_REQUIRE_CLUSTER=1)"
 
 if [ "$(id -u)" = 0 ]; then
   # Build (or reuse from the cache) what the cluster tests need before pytest runs, so a

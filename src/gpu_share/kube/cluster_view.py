@@ -84,6 +84,13 @@ class KubeClusterView:
         self._untrusted_logged: tuple[float, int] = (float("-inf"), 0)
         # uid -> the pod's annotations that verified (what node() counts)
         self._trusted: dict[str, dict[str, str]] = {}
+        # node -> uids of the pods bound there with a trusted decision: node() reads only
+        # its own pods (a scan of every pod per node made filter O(nodes x pods)).
+        self._on_node: dict[str, set[str]] = {}
+        self._node_of: dict[str, str] = {}  # uid -> its key in _on_node
+        # node -> what node() last built for it, while nothing on the node changed and no
+        # bind reservation is pending there (filter reads every node per request).
+        self._slots: dict[str, NodeSlots] = {}
         self._mem, self._cores = memory_resource, core_resource
         self._default = default_workload
         self._model_label = model_label  # node label naming the GPU model (model_req)
@@ -93,13 +100,19 @@ class KubeClusterView:
         self._lock = threading.Lock()
         self._nodes: dict[str, InventoryAnnotation] = {}
         self._alloc: dict[str, tuple[int | None, int | None]] = {}  # node -> cpu m, memory Mi
-        self._pods: dict[str, dict[str, Any]] = {}  # uid -> pod object using our resources
+        # uid -> node name ("" while pending) of each pod using our resources; not the
+        # object: 50,000 of those (managedFields and all) outgrow the extender's memory.
+        self._pods: dict[str, str] = {}
         self._asks: dict[str, PodRequest] = {}  # uid -> its parsed ask (same pods)
+        # The mix of _asks, kept as they change: workload() runs on every request.
+        self._shapes: dict[_ShapeKey, int] = {}
         # node -> uid -> (cpu m, memory Mi) of every bound pod; by node, as filter reads it
         self._host: dict[str, dict[str, tuple[int, int]]] = {}
         self._host_node: dict[str, str] = {}  # uid -> node, to drop a pod from _host
         self._pending: dict[str, tuple[str, Usage, tuple[int, int], float]] = {}
         self._wl: tuple[tuple[tuple[_ShapeKey, int], ...], Workload] | None = None
+        # The sorted mix behind _wl; replaced (a new object) whenever _shapes changes.
+        self._shapes_key: tuple[tuple[_ShapeKey, int], ...] | None = None
         self._stop = threading.Event()
         self._watches = {
             what: ListWatch(
@@ -127,16 +140,24 @@ class KubeClusterView:
             inv = self._nodes.get(name)
             if inv is None:
                 return None
+            mine = False
+            for uid, (n, *_rest, at) in list(self._pending.items()):
+                if now - at > PENDING_TTL_S:
+                    del self._pending[uid]
+                    self._slots.pop(n, None)
+                elif n == name:
+                    mine = True
+            cached = None if mine else self._slots.get(name)
+            if cached is not None:
+                return cached
             totals = {d.id: (d.memory_total, d.cores_total) for d in inv.devices}
             usages = []
             counted = set()
-            for uid, p in self._pods.items():
-                trusted = self._trusted.get(uid)
-                # A bound pod without a verified annotation counts by its bind reservation
-                # (if any, below) and else by the inventory, like an unannotated pod.
-                if trusted and (p.get("spec") or {}).get("nodeName") == name:
-                    usages.append(pod_usage(trusted, self._domain, totals))
-                    counted.add(uid)
+            # A bound pod without a verified annotation counts by its bind reservation
+            # (if any, below) and else by the inventory, like an unannotated pod.
+            for uid in self._on_node.get(name, ()):
+                usages.append(pod_usage(self._trusted[uid], self._domain, totals))
+                counted.add(uid)
             on_node = self._host.get(name, {})
             cpu_used = sum(c for c, _ in on_node.values())
             mem_used = sum(m for _, m in on_node.values())
@@ -151,42 +172,43 @@ class KubeClusterView:
                         cpu_used, mem_used = cpu_used + c, mem_used + m
             slots = node_slots(inv, usages, self._model.get(name))
             cpu, mem = self._alloc.get(name, (None, None))
-            return replace(
+            out = replace(
                 slots,
                 cpu_free=None if cpu is None else cpu - cpu_used,
                 host_memory_free=None if mem is None else mem - mem_used,
             )
+            if not mine:
+                self._slots[name] = out
+            return out
 
     def workload(self) -> Workload:
         """Requests of pods seen (bound or pending), else the configured default mix."""
         with self._lock:
-            counts: dict[_ShapeKey, int] = {}
-            for ask in self._asks.values():
-                cpu, mem, req = ask.cpu, ask.memory, ask.models
-                for c in ask.containers:
-                    if c.request.empty:
-                        continue
-                    k = (c.request.memory_units, c.request.cores, cpu, mem, req)
-                    counts[k] = counts.get(k, 0) + 1
-            key = tuple(sorted(counts.items(), key=lambda kv: (kv[0][:4], str(kv[0][4]))))
-            # Same mix, same object: the policy built on it keeps its memo across requests.
-            if self._wl is None or self._wl[0] != key:
-                wl = (
-                    Workload(Shape(m, c, float(n), cpu, mem, r) for (m, c, cpu, mem, r), n in key)
-                    if key
-                    else self._default
+            if self._wl is None or self._shapes_key is None:
+                key = tuple(
+                    sorted(self._shapes.items(), key=lambda kv: (kv[0][:4], str(kv[0][4])))
                 )
-                self._wl = (key, wl)
+                # Same mix, same object: the policy built on it keeps its memo.
+                if self._wl is None or self._wl[0] != key:
+                    wl = (
+                        Workload(
+                            Shape(m, c, float(n), cpu, mem, r) for (m, c, cpu, mem, r), n in key
+                        )
+                        if key
+                        else self._default
+                    )
+                    self._wl = (key, wl)
+                self._shapes_key = self._wl[0]
             return self._wl[1]
 
     def reserve(self, pod_uid: str, node: str, shares: Mapping[str, tuple[int, int]]) -> None:
         with self._lock:
-            p = self._pods.get(pod_uid)
-            bound = p is not None and (p.get("spec") or {}).get("nodeName") == node
+            bound = self._pods.get(pod_uid) == node
             if not (bound and self._trusted.get(pod_uid)):
                 ask = self._asks.get(pod_uid)
                 host = (ask.cpu, ask.memory) if ask is not None else (0, 0)
                 self._pending[pod_uid] = (node, dict(shares), host, self._clock())
+            self._slots.pop(node, None)
 
     def pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         op = f"get pod {namespace}/{name}"
@@ -297,6 +319,7 @@ class KubeClusterView:
             except AnnotationError as e:
                 log.warning("node %s: %s", name, e)
         with self._lock:
+            self._slots.pop(name, None)
             if inv is None:
                 self._nodes.pop(name, None)
                 self._alloc.pop(name, None)
@@ -318,17 +341,25 @@ class KubeClusterView:
             old = self._host_node.pop(uid, None)
             if old is not None:
                 self._host[old].pop(uid, None)
+                self._slots.pop(old, None)
+            self._slots.pop(node, None)
+            pend = self._pending.get(uid)
+            if pend is not None:
+                self._slots.pop(pend[0], None)
             if ask is not None and node:
                 self._host.setdefault(node, {})[uid] = (ask.cpu, ask.memory)
                 self._host_node[uid] = node
+            self._unindex(uid)
+            self._count(self._asks.get(uid), -1)
             if ask is None or not ask.uses_ours:
                 self._pods.pop(uid, None)
                 self._asks.pop(uid, None)
                 self._pending.pop(uid, None)
                 self._trusted.pop(uid, None)
                 return
-            self._pods[uid] = dict(obj)
+            self._pods[uid] = node
             self._asks[uid] = ask
+            self._count(ask, 1)
             trusted = self._trust(uid, node, obj)
             if trusted:
                 self._trusted[uid] = trusted
@@ -336,6 +367,34 @@ class KubeClusterView:
                 self._trusted.pop(uid, None)
             if node and trusted:
                 self._pending.pop(uid, None)
+                self._on_node.setdefault(node, set()).add(uid)
+                self._node_of[uid] = node
+
+    def _count(self, ask: PodRequest | None, delta: int) -> None:
+        """Adds ``ask`` to (or takes it from) the mix (caller holds the lock)."""
+        if ask is None:
+            return
+        for c in ask.containers:
+            if c.request.empty:
+                continue
+            k = (c.request.memory_units, c.request.cores, ask.cpu, ask.memory, ask.models)
+            n = self._shapes.get(k, 0) + delta
+            if n > 0:
+                self._shapes[k] = n
+            else:
+                self._shapes.pop(k, None)
+        self._shapes_key = None  # workload() sorts afresh
+
+    def _unindex(self, uid: str) -> None:
+        """Drops ``uid`` from the by-node index (caller holds the lock)."""
+        old = self._node_of.pop(uid, None)
+        if old is not None:
+            self._slots.pop(old, None)
+            on = self._on_node.get(old)
+            if on is not None:
+                on.discard(uid)
+                if not on:
+                    del self._on_node[old]
 
     def _list(self, what: str) -> tuple[list[dict[str, Any]], str]:
         fn = self._core.list_node if what == "nodes" else self._core.list_pod_for_all_namespaces
@@ -344,13 +403,18 @@ class KubeClusterView:
     def _replace(self, what: str, items: Sequence[Mapping[str, Any]]) -> None:
         """A fresh list: forget what the last one and its watch said."""
         with self._lock:
+            self._slots.clear()
             if what == "nodes":
                 self._nodes.clear()
                 self._alloc.clear()
             else:
                 self._pods.clear()
                 self._asks.clear()
+                self._shapes.clear()
+                self._shapes_key = None
                 self._trusted.clear()
+                self._on_node.clear()
+                self._node_of.clear()
                 self._host.clear()
                 self._host_node.clear()
         for item in items:
