@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,12 +23,15 @@ from gpu_share.sharing.model import ResourceNames
 from gpu_share.sharing.model_req import DEFAULT_MODEL_LABEL
 from gpu_share.sharing.placement import (
     ClusterPolicy,
+    NodeSlots,
     NoFit,
     NoFitCause,
     Placement,
     PodDemand,
+    PodScores,
     evaluate_node,
     model_free,
+    node_key,
 )
 from gpu_share.sharing.pod_request import PodRequest, parse_pod_request
 
@@ -36,6 +40,10 @@ _NO_INV = NoFitCause.NO_INVENTORY
 # Bind outcomes (``on_bind``; observability.metrics.BIND_OUTCOMES).
 BIND_BOUND, BIND_NO_FIT, BIND_POD_NOT_FOUND = "bound", "no_fit", "pod_not_found"
 BIND_INVALID_POD, BIND_API_ERROR = "invalid_pod", "api_error"
+_SCORED_PODS = 32  # pod shapes whose per-node scores are kept (prioritize follows filter)
+_KEYED_NODES = 200_000  # bound on the node -> node_key cache
+Score = tuple[float, ...]
+_Prices = tuple[tuple[str, float], ...]
 
 
 @dataclass(frozen=True)
@@ -53,6 +61,21 @@ def pod_ask(pod: Mapping[str, Any], settings: ExtenderSettings) -> PodRequest:
     return parse_pod_request(
         pod, names.memory, names.core, domain=settings.domain, model_label=settings.model_label
     )
+
+
+def ranked(names: list[str], fits: Mapping[str, Score]) -> list[HostPriority]:
+    """Priorities from the policy's scores of the fitting nodes (lower is better)."""
+    order = sorted((sc, n) for n, sc in fits.items())
+    scores = {n: 0 for n in names}
+    # Only the policy's choice (ties: smallest name) gets the maximum, so the
+    # scheduler's own random tie-break among top scores cannot overrule it.
+    for rank, (_, n) in enumerate(order):
+        scores[n] = (
+            MAX_PRIORITY
+            if rank == 0
+            else (MAX_PRIORITY - 1) - ((MAX_PRIORITY - 1) * (rank - 1) // max(1, len(order) - 1))
+        )
+    return [{"Host": n, "Score": scores[n]} for n in names]
 
 
 class Extender:
@@ -76,6 +99,16 @@ class Extender:
         # Requests of pods seen in filter/prioritize, for bind (which names only the pod).
         self._seen: OrderedDict[str, PodRequest] = OrderedDict()
         self._seen_lock = threading.Lock()
+        # (demand, prices) -> its PodScores: prioritize reuses filter's, later pods of the
+        # same shape reuse both (same policy object; the scores are keyed by node
+        # content, so a node that changed is scored afresh).
+        self._scored: OrderedDict[tuple[PodDemand, _Prices], PodScores] = OrderedDict()
+        # node -> (the NodeSlots the view returned, the id of its node_key): the view hands
+        # back the same object while nothing on the node changed, so the key is built and
+        # hashed once. Ids are never reused, so a cleared table only costs misses.
+        self._keys: dict[str, tuple[NodeSlots, int]] = {}
+        self._key_ids: dict[Hashable, int] = {}
+        self._next_id = itertools.count()
 
     def _remember(self, pod: Mapping[str, Any]) -> PodRequest:
         reqs = pod_ask(pod, self.settings)
@@ -93,6 +126,49 @@ class Extender:
         if "NodeNames" in args:
             return list(args["NodeNames"])
         return [str(n["metadata"]["name"]) for n in args["Nodes"]["items"]]
+
+    def _node_key(self, name: str, node: NodeSlots) -> int:
+        got = self._keys.get(name)
+        if got is not None and got[0] is node:
+            return got[1]
+        key = node_key(node)
+        kid = self._key_ids.get(key)
+        if kid is None:
+            if len(self._key_ids) >= _KEYED_NODES:
+                self._key_ids.clear()
+            kid = self._key_ids[key] = next(self._next_id)
+        if len(self._keys) >= _KEYED_NODES:
+            self._keys.clear()
+        self._keys[name] = (node, kid)
+        return kid
+
+    def _pod_scores(self, policy: ClusterPolicy, demand: PodDemand, prices: _Prices) -> PodScores:
+        """The PodScores of an earlier request that answers alike, else a new one."""
+        key = (demand, prices)
+        with self._seen_lock:
+            got = self._scored.get(key)
+            if got is None or got.policy is not policy:
+                got = self._scored[key] = PodScores(policy, demand, dict(prices))
+            self._scored.move_to_end(key)
+            while len(self._scored) > _SCORED_PODS:
+                self._scored.popitem(last=False)
+        return got
+
+    def _scores(self, names: list[str], demand: PodDemand) -> dict[str, Score | NoFit]:
+        """``_evaluate``'s answers without the device pick: the score of each fitting
+        node, the NoFit of the others; one evaluation per distinct node state."""
+        policy = self._policy_factory(self.view)
+        slots = {n: self.view.node(n) for n in names}
+        free = model_free(s for s in slots.values() if s is not None) if policy.priced else {}
+        scorer = self._pod_scores(policy, demand, tuple(sorted(policy.prices(free).items())))
+        out: dict[str, Score | NoFit] = {}
+        for n, s in slots.items():
+            out[n] = (
+                NoFit(n, "node has no gpu-share inventory (agent not running?)", _NO_INV)
+                if s is None
+                else scorer.of(s, self._node_key(n, s))
+            )
+        return out
 
     def _evaluate(self, names: list[str], demand: PodDemand) -> dict[str, Placement | NoFit]:
         policy = self._policy_factory(self.view)
@@ -122,7 +198,7 @@ class Extender:
         names = self._node_names(args)
         failed: dict[str, str] = {}
         if reqs.uses_ours:
-            for n, r in self._evaluate(names, reqs.demand()).items():
+            for n, r in self._scores(names, reqs.demand()).items():
                 if isinstance(r, NoFit):
                     failed[n] = f"gpu-share: {r.reason}"
         keep = [n for n in names if n not in failed]
@@ -147,18 +223,8 @@ class Extender:
             reqs = PodRequest()
         if not reqs.uses_ours:
             return [{"Host": n, "Score": 0} for n in names]
-        evals = self._evaluate(names, reqs.demand())
-        fits = sorted(((r.score, n) for n, r in evals.items() if isinstance(r, Placement)))
-        scores = {n: 0 for n in names}
-        # Only the policy's choice (ties: smallest name) gets the maximum, so the
-        # scheduler's own random tie-break among top scores cannot overrule it.
-        for rank, (_, n) in enumerate(fits):
-            scores[n] = (
-                MAX_PRIORITY
-                if rank == 0
-                else (MAX_PRIORITY - 1) - ((MAX_PRIORITY - 1) * (rank - 1) // max(1, len(fits) - 1))
-            )
-        return [{"Host": n, "Score": scores[n]} for n in names]
+        evals = self._scores(names, reqs.demand())
+        return ranked(names, {n: r for n, r in evals.items() if not isinstance(r, NoFit)})
 
     def bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:
         outcome, result = self._bind(args)

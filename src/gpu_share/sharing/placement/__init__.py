@@ -6,12 +6,14 @@ Used by the scheduler extender (``gpu_share.extender``) and the trace replay
 
 from gpu_share.sharing.placement.cluster import (
     ClusterIndex,
+    PodScores,
     apply,
     choose,
     evaluate_node,
     host_fits,
     host_nofit,
     model_free,
+    node_key,
     pod_shape,
 )
 from gpu_share.sharing.placement.fragmentation import Shape, Workload, amount
@@ -53,6 +55,7 @@ __all__ = [
     "NodeSlots",
     "Placement",
     "PodDemand",
+    "PodScores",
     "Shape",
     "TieBreak",
     "Workload",
@@ -65,5 +68,6 @@ __all__ = [
     "label_form",
     "make_policy",
     "model_free",
+    "node_key",
     "pod_shape",
 ]

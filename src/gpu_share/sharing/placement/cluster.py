@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import bisect
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from gpu_share.sharing.placement.fragmentation import amount
@@ -197,6 +197,67 @@ def evaluate_node(
     return realise(node, pod, ev)
 
 
+def node_key(node: NodeSlots) -> Hashable:
+    """Everything of ``node`` that ``evaluate_node``'s fit, score and reasons depend on
+    (the name only labels a NoFit; ``no_fit_reason`` reads healthy devices' keys, which
+    the state holds): nodes with equal keys get the same answer for any pod."""
+    return (
+        node.state,
+        node.model,
+        node.cpu_free,
+        node.host_memory_free,
+        node.cpu_total,
+        node.host_memory_total,
+        node.held,
+    )
+
+
+class PodScores:
+    """``evaluate_node``'s answer for one pod without its device pick (``realise``):
+    the placement's score, or the same NoFit. Computed once per distinct ``node_key``
+    (as ``ClusterIndex`` scores once per GPU state); filter and prioritize need no more,
+    bind still picks devices with ``evaluate_node``."""
+
+    memo_limit = 100_000
+
+    def __init__(
+        self, policy: ClusterPolicy, pod: PodDemand, prices: Mapping[str, float] | None = None
+    ) -> None:
+        self.policy = policy
+        self.pod = pod
+        self.prices: dict[str, float] = dict(prices or {})
+        self._shape = pod_shape(pod)
+        self._memo: dict[Hashable, Score | NoFit] = {}
+
+    def of(self, node: NodeSlots, key: Hashable | None = None) -> Score | NoFit:
+        """``key``: ``node_key(node)`` when the caller keeps it."""
+        k = node_key(node) if key is None else key
+        got = self._memo.get(k)
+        if got is None:
+            got = self._compute(node)
+            if len(self._memo) >= self.memo_limit:
+                self._memo.clear()
+            self._memo[k] = got
+        if isinstance(got, NoFit) and got.node != node.name:
+            return replace(got, node=node.name)
+        return got
+
+    def _compute(self, node: NodeSlots) -> Score | NoFit:
+        why = host_nofit(node, self.pod)
+        if why is not None:
+            return why
+        state = node.state
+        if not self.policy.plans(state, self._shape):
+            return NoFit(node.name, no_fit_reason(node, self.pod))
+        before: float | None = None
+        if self.policy.host_aware:  # what score() would compute once per plan
+            before = self.policy.potential(state, node.cpu_free, node.host_memory_free, node.model)
+        host = host_of(node, self.pod, self.prices, self._shape)
+        ev = self.policy.evaluate(state, self._shape, host, before)
+        assert ev is not None  # there is a plan
+        return ev.score
+
+
 def choose(
     policy: ClusterPolicy,
     nodes: Iterable[NodeSlots],
@@ -363,7 +424,7 @@ class ClusterIndex:
             if not plans:
                 continue
             for n in names:
-                ev = self._node_eval(n, state, plans, pod, (prices, shape))
+                ev = self._node_eval(n, state, pod, (prices, shape))
                 if ev is None:
                     continue
                 if best_score is None or ev.score < best_score:
@@ -427,7 +488,6 @@ class ClusterIndex:
         self,
         name: str,
         state: StateKey,
-        plans: Sequence[Plan],
         pod: PodDemand,
         ctx: tuple[Mapping[str, float], DemandShape],
     ) -> StateEval | None:
@@ -443,12 +503,7 @@ class ClusterIndex:
                     state, node.cpu_free, node.host_memory_free, node.model
                 )
                 self._before[name] = before
-        ev: StateEval | None = None
-        for plan in plans:
-            sc = self.policy.score(state, plan, host, before)
-            if ev is None or sc < ev.score:
-                ev = StateEval(sc, plan.after, plan.steps)
-        return ev
+        return self.policy.evaluate(state, ctx[1], host, before)
 
     def _fitting(self, names: Sequence[str], pod: PodDemand, all_of_them: bool) -> list[str]:
         out: list[str] = []

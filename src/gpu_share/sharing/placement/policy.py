@@ -294,16 +294,21 @@ class ClusterPolicy:
         return _first_best(parts, primary)
 
     def evaluate(
-        self, state: StateKey, demand: DemandShape, host: Host | None = None
+        self,
+        state: StateKey,
+        demand: DemandShape,
+        host: Host | None = None,
+        before: float | None = None,
     ) -> StateEval | None:
         """Best plan for ``demand`` on ``state`` (ties: first plan = smallest device key),
-        or None when it does not fit. Memoised unless the score depends on the node."""
+        or None when it does not fit. Memoised unless the score depends on the node.
+        ``before``: as for ``score`` (computed once instead of once per plan)."""
         key = (state, demand)
         if not self.per_node and key in self._memo:
             return self._memo[key]
         best: StateEval | None = None
         for plan in self.plans(state, demand):
-            sc = self.score(state, plan, host)
+            sc = self.score(state, plan, host, before)
             if best is None or sc < best.score:
                 best = StateEval(sc, plan.after, plan.steps)
         if not self.per_node:
