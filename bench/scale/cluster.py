@@ -26,6 +26,7 @@ import yaml
 from bench.scale import model
 from gpu_share.kube.rest import MERGE_PATCH
 from gpu_share.sharing.placement import NodeSlots
+from tests.extender.scheduler_support import extender_entry
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -259,22 +260,7 @@ def scheduler_config(
     if extender_port is not None:
         cfg["percentageOfNodesToScore"] = 100
         profile["plugins"] = {"score": {"disabled": [{"name": "*"}]}}
-        cfg["extenders"] = [
-            {
-                "urlPrefix": f"http://127.0.0.1:{extender_port}",
-                "filterVerb": "filter",
-                "prioritizeVerb": "prioritize",
-                "bindVerb": "bind",
-                "weight": 1,
-                "nodeCacheCapable": True,
-                "httpTimeout": "30s",
-                "ignorable": False,
-                "managedResources": [
-                    {"name": model.ds.MEM, "ignoredByScheduler": False},
-                    {"name": model.ds.CORE, "ignoredByScheduler": False},
-                ],
-            }
-        ]
+        cfg["extenders"] = [extender_entry(extender_port, model.ds.MEM, model.ds.CORE)]
     return cfg
 
 

@@ -21,6 +21,25 @@ from gpu_share.sharing.placement import Workload, make_policy
 MEM, CORE = "vendor.com/vcuda-memory", "vendor.com/vcuda-core"
 
 
+def extender_entry(port: int, mem: str = MEM, core: str = CORE) -> dict[str, Any]:
+    """The scheduler's extender entry as the chart configures it (nodeCacheCapable,
+    filter + prioritize + bind, not ignorable), for an extender on 127.0.0.1:``port``."""
+    return {
+        "urlPrefix": f"http://127.0.0.1:{port}",
+        "filterVerb": "filter",
+        "prioritizeVerb": "prioritize",
+        "bindVerb": "bind",
+        "weight": 1,
+        "nodeCacheCapable": True,
+        "httpTimeout": "30s",
+        "ignorable": False,
+        "managedResources": [
+            {"name": mem, "ignoredByScheduler": False},
+            {"name": core, "ignoredByScheduler": False},
+        ],
+    }
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -67,22 +86,7 @@ def extender_and_scheduler(
             "profiles": [
                 {"schedulerName": sched_name, "plugins": {"score": {"disabled": [{"name": "*"}]}}}
             ],
-            "extenders": [
-                {
-                    "urlPrefix": f"http://127.0.0.1:{port}",
-                    "filterVerb": "filter",
-                    "prioritizeVerb": "prioritize",
-                    "bindVerb": "bind",
-                    "weight": 1,
-                    "nodeCacheCapable": True,
-                    "httpTimeout": "30s",
-                    "ignorable": False,
-                    "managedResources": [
-                        {"name": MEM, "ignoredByScheduler": False},
-                        {"name": CORE, "ignoredByScheduler": False},
-                    ],
-                }
-            ],
+            "extenders": [extender_entry(port)],
         }
         (workdir / "sched.yaml").write_text(yaml.safe_dump(cfg))
         log = (workdir / "sched.log").open("w")
