@@ -35,6 +35,7 @@ from tests.e2e.test_11_dra import (  # the DRA pool of story 11, its helpers
     _claim_pod,
     _pod_claims,
     _slices,
+    _spec_path,
     dra,  # noqa: F401 - story 11's pool fixture
 )
 from tests.harness import wait_until
@@ -208,3 +209,8 @@ def test_story14b_dra_cordon_is_a_device_taint(
         _plugin(kube, "uncordon", kube.node, f"gpu-{i}", "--wait")
     wait_until("no taint left",
                lambda: not any(d.get("taints") for d in _slice_devices(kube).values()), 60)
+    # Leave nothing prepared: the module's pool goes back to device-plugin mode next,
+    # and a claim still prepared then would keep its CDI spec on the host (story 11f).
+    kube.kubectl("-n", namespace, "delete", "pod", "tainted", "--wait=true", "--timeout=120s")
+    wait_until("the claim unprepared", lambda: not _spec_path(a.uid).exists(), 120,
+               interval=2)
