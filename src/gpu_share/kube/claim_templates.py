@@ -107,17 +107,13 @@ def _in_time(deadline: float | None, clock: Callable[[], float], what: str) -> N
         raise KubeAccessError(f"no time left to {what}")
 
 
-class OptInNamespaces:
-    """``opted_in(namespace)``: does the namespace carry label ``key`` = ``value``?
-
-    Only a yes is remembered (``cache_ttl_s``): a namespace that has just been labelled
-    is seen at once, and a removed label stops counting within the TTL."""
+class _BoundedCalls:
+    """The webhook's API client with short timeouts, its clock, and a cache of answers
+    seen fine (shared by the namespace check and the templates)."""
 
     def __init__(
         self,
         api: RestClient,
-        key: str,
-        value: str,
         *,
         timeouts: KubeTimeouts | None = WEBHOOK_TIMEOUTS,
         cache_ttl_s: float = 30.0,
@@ -125,9 +121,19 @@ class OptInNamespaces:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._api = api if timeouts is None else replace(api, timeouts=timeouts)
-        self.label = (key, value)
         self._clock = clock
         self._seen = _SeenCache(cache_ttl_s, max_cached, clock)
+
+
+class OptInNamespaces(_BoundedCalls):
+    """``opted_in(namespace)``: does the namespace carry label ``key`` = ``value``?
+
+    Only a yes is remembered (``cache_ttl_s``): a namespace that has just been labelled
+    is seen at once, and a removed label stops counting within the TTL."""
+
+    def __init__(self, api: RestClient, key: str, value: str, **kw: Any) -> None:
+        super().__init__(api, **kw)
+        self.label = (key, value)
 
     def opted_in(self, namespace: str, deadline: float | None = None) -> bool:
         """Raises KubeAccessError (unreachable, ``deadline`` passed) or ApiError (e.g. 403)."""
@@ -148,21 +154,8 @@ class OptInNamespaces:
         return False
 
 
-class ClaimTemplates:
+class ClaimTemplates(_BoundedCalls):
     """Creates and checks templates through ``api`` (thread-safe)."""
-
-    def __init__(
-        self,
-        api: RestClient,
-        *,
-        timeouts: KubeTimeouts | None = WEBHOOK_TIMEOUTS,
-        cache_ttl_s: float = 30.0,
-        max_cached: int = 4096,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._api = api if timeouts is None else replace(api, timeouts=timeouts)
-        self._clock = clock
-        self._seen = _SeenCache(cache_ttl_s, max_cached, clock)
 
     def ensure_all(self, bodies: Iterable[Mapping[str, Any]], deadline: float | None = None
                    ) -> None:
