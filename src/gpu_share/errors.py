@@ -124,3 +124,10 @@ class KubeAccessError(GpuShareError):
 
     reason = "KubeUnreachable"
     grpc_code = "UNAVAILABLE"
+
+
+class BindRefused(KubeAccessError):
+    """The API server answered a bind (or its annotation patch) with a client error
+    (4xx): the pod is certainly not bound by this call."""
+
+    reason = "BindRefused"

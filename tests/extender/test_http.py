@@ -54,6 +54,9 @@ class FakeView:
     def reserve(self, pod_uid: str, node: str, shares: Mapping[str, tuple[int, int]]) -> None:
         self.reserved.append((pod_uid, node, dict(shares)))
 
+    def unreserve(self, pod_uid: str, node: str) -> None:
+        self.reserved = [r for r in self.reserved if r[:2] != (pod_uid, node)]
+
     def pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         return None
 

@@ -55,6 +55,9 @@ class View:
     def reserve(self, pod_uid: str, node: str, shares: Mapping[str, tuple[int, int]]) -> None:
         pass
 
+    def unreserve(self, pod_uid: str, node: str) -> None:
+        pass
+
     def pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         return None
 

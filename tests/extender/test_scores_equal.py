@@ -87,6 +87,9 @@ class View:
     def reserve(self, pod_uid: str, node: str, shares: Mapping[str, tuple[int, int]]) -> None:
         raise AssertionError("not bound here")
 
+    def unreserve(self, pod_uid: str, node: str) -> None:
+        raise AssertionError("not bound here")
+
     def pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         return None
 

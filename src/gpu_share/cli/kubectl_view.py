@@ -402,6 +402,9 @@ class SnapshotView:
     def reserve(self, pod_uid: str, node: str, shares: Mapping[str, tuple[int, int]]) -> None:
         raise GpuShareError("kubectl gpu-share is read-only")
 
+    def unreserve(self, pod_uid: str, node: str) -> None:
+        raise GpuShareError("kubectl gpu-share is read-only")
+
     def pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         return None
 

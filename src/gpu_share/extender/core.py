@@ -10,6 +10,7 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpu_share.errors import BindRefused
 from gpu_share.extender.api import (
     ExtenderArgs,
     ExtenderBindingArgs,
@@ -246,8 +247,10 @@ class Extender:
             except ValueError as e:
                 return BIND_INVALID_POD, {"Error": f"pod {ns}/{name}: {e}"}
         annotations: dict[str, str] = {}
+        shares: dict[str, tuple[int, int]] = {}
+        # Decide and reserve one bind at a time; the API calls run outside the lock, so
+        # binds overlap (each sees the reservations of those before it).
         with self._lock:
-            shares: dict[str, tuple[int, int]] = {}
             asking = reqs.asking
             if asking:
                 r = self._evaluate([node], reqs.demand())[node]
@@ -269,10 +272,14 @@ class Extender:
                     for d in cp.devices:
                         m, c = shares.get(d.uuid, (0, 0))
                         shares[d.uuid] = (m + cp.memory_units, c + cp.cores)
-            try:
-                self.binder.annotate_and_bind(ns, name, uid, node, annotations)
-            except Exception as e:  # surfaced to the scheduler, which retries the pod
-                return BIND_API_ERROR, {"Error": f"bind {ns}/{name} to {node}: {e}"}
             if shares:
                 self.view.reserve(uid, node, shares)
+        try:
+            self.binder.annotate_and_bind(ns, name, uid, node, annotations)
+        except Exception as e:  # surfaced to the scheduler, which retries the pod
+            if isinstance(e, BindRefused) and shares:
+                self.view.unreserve(uid, node)
+            # Any other error may have bound the pod: its reservation stays until the
+            # watch shows the pod or the reservation expires (never over-commit).
+            return BIND_API_ERROR, {"Error": f"bind {ns}/{name} to {node}: {e}"}
         return BIND_BOUND, {"Error": ""}

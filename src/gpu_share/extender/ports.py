@@ -23,6 +23,10 @@ class ClusterView(Protocol):
         the pod's own annotations show up in the view."""
         ...
 
+    def unreserve(self, pod_uid: str, node: str) -> None:
+        """Drop the pod's reservation on ``node`` (its bind was refused)."""
+        ...
+
     def pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         """The pod object (JSON-shaped), for a bind whose filter this process missed."""
         ...
@@ -32,5 +36,7 @@ class Binder(Protocol):
     def annotate_and_bind(
         self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]
     ) -> None:
-        """Write ``annotations`` on the pod (uid-checked), THEN create its Binding."""
+        """Write ``annotations`` on the pod (uid-checked), THEN create its Binding.
+        Raises ``BindRefused`` when the API server answered no (nothing bound), any other
+        error when the outcome is unknown."""
         ...

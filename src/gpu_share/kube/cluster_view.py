@@ -27,7 +27,8 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from gpu_share.kube.client import KubeTimeouts, access_error, call_json
+from gpu_share.errors import BindRefused
+from gpu_share.kube.client import KubeTimeouts, access_error, api_status, call_json
 from gpu_share.kube.listwatch import ListWatch, WatchBackoff, kube_watch, paged_list
 from gpu_share.observability.loops import LoopSupervisor
 from gpu_share.sharing.annotations import (
@@ -209,6 +210,13 @@ class KubeClusterView:
                 host = (ask.cpu, ask.memory) if ask is not None else (0, 0)
                 self._pending[pod_uid] = (node, dict(shares), host, self._clock())
             self._slots.pop(node, None)
+
+    def unreserve(self, pod_uid: str, node: str) -> None:
+        with self._lock:
+            pend = self._pending.get(pod_uid)
+            if pend is not None and pend[0] == node:
+                del self._pending[pod_uid]
+                self._slots.pop(node, None)
 
     def pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         op = f"get pod {namespace}/{name}"
@@ -452,7 +460,7 @@ class KubeBinder:
                     op, self._core.patch_namespaced_pod, name, namespace, body, timeouts=self._t
                 )
             except k8s.ApiException as e:
-                raise access_error(op, e) from e
+                raise _bind_error(op, e) from e
         op = f"bind pod {namespace}/{name} to {node}"
         binding = {
             "apiVersion": "v1",
@@ -465,4 +473,14 @@ class KubeBinder:
                 op, self._core.create_namespaced_binding, namespace, binding, timeouts=self._t
             )
         except k8s.ApiException as e:
-            raise access_error(op, e) from e
+            raise _bind_error(op, e) from e
+
+
+def _bind_error(op: str, exc: k8s.ApiException) -> Exception:
+    """A 4xx answer means the call did nothing (BindRefused); a 5xx may have been
+    applied (an etcd write that timed out), so its outcome stays unknown."""
+    status = api_status(exc)
+    err = access_error(op, exc)
+    if status is not None and 400 <= status < 500:
+        return BindRefused(str(err))
+    return err
