@@ -247,9 +247,17 @@ class BoundedHandler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         if self.close_connection:
             self.send_header("Connection", "close")
-        self.end_headers()
+        self._end_with(body)
+
+    def _end_with(self, body: bytes) -> None:
+        """Ends the headers and sends them with ``body`` in ONE write: two small writes on
+        a kept-alive connection meet Nagle's algorithm and the client's delayed ACK, and
+        every answer waited ~40 ms for it (the scheduler's extender calls: 2 per pod)."""
+        buf: list[bytes] = self._headers_buffer  # type: ignore[attr-defined]
+        buf.append(b"\r\n")
         if self.command != "HEAD":
-            self.wfile.write(body)
+            buf.append(body)
+        self.flush_headers()
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         # The stdlib's version echoes the request line in its page and puts ``message``
@@ -269,9 +277,7 @@ class BoundedHandler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Connection", "close")
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
+        self._end_with(body)
 
     def parse_request(self) -> bool:
         self._checked = False
@@ -503,6 +509,8 @@ class BoundedServer:
                 log.warning("%s: accept failed: %s", self.name, exc)
                 time.sleep(0.05)
                 return
+            with contextlib.suppress(OSError):  # answers leave at once (unix: no such option)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self._open >= self.limits.max_connections and not self._evict(sel):
                 self._refuse(sock, plain=self._ssl is None)
                 continue
