@@ -145,3 +145,44 @@ def test_api_request_kinds_have_no_names() -> None:
     assert _kind("https://h:6443/api/v1/namespaces/ns/pods/p1/binding") == "pods/binding"
     assert _kind("https://h:6443/api/v1/namespaces/ns/bindings") == "bindings"
     assert _kind("https://h:6443/api/v1/nodes?limit=500") == "nodes"
+
+
+# ---------------------------------------------------------------- bench.scale.viewmem
+
+
+def test_viewmem_pods_carry_the_decision_the_view_trusts() -> None:
+    from kubernetes import client as k8s
+
+    from bench.scale import viewmem
+    from gpu_share.kube.cluster_view import KubeClusterView
+    from gpu_share.sharing.decision import decision_key, verify_binding
+
+    nodes = model.replicate(trace.load_nodes(units=model.UNITS), 20, "gsv-")
+    cap = ds.capacity_milli(nodes)
+    tpods = trace.load_pods(trace.trace_dir() / "openb_pod_list_default.csv")
+    # Past the 130 % a replay stops at: the stream goes on as far as asked.
+    pods = viewmem.stream_of(tpods, 42, cap, 400)
+    assert len(pods) == 400 and all(p.gpu_request > 0 for p in pods)
+    placed = viewmem.placements(nodes, pods, ds.workload(tpods))
+    assert 0 < sum(p is not None for p in placed) < 400
+    view = KubeClusterView(k8s.ApiClient(), domain="vendor.com", memory_resource=ds.MEM,
+                           core_resource=ds.CORE, default_workload=ds.workload(tpods),
+                           decision_key=viewmem.KEY)
+    for n in nodes:
+        view._apply("nodes", "ADDED", model.node_body(n, "t") | {"status": ds.node_status(n)})
+    used = 0
+    for i, (p, pl) in enumerate(zip(pods, placed, strict=True)):
+        body = viewmem.pod_body(f"v{i}", p, pl, "t")
+        assert body["spec"].get("nodeName") == (pl.node if pl else None)
+        if pl is None:
+            continue
+        uid = f"uid-{i}"
+        text = viewmem.decision(body, uid, pl)
+        assert verify_binding(text, viewmem.KEY, uid, pl.node).node == pl.node
+        body["metadata"].update(uid=uid, annotations={decision_key("vendor.com"): text})
+        body["status"] = {"phase": "Pending"}
+        view._apply("pods", "ADDED", body)
+        used += p.gpu_request
+    # Every decision is trusted: the view's devices hold exactly what the simulator put.
+    free = sum(d.memory_free for n in nodes if (s := view.node(n.name)) for d in s.devices)
+    assert sum(len(n.devices) for n in nodes) * model.UNITS - free == used * model.UNITS // 1000
