@@ -277,3 +277,45 @@ def test_prices_over_other_candidates_are_not_reused() -> None:
     check_filter(ext, p, ["a100", "t4", "t4b"])
     check_prioritize(ext, p, ["a100", "t4"])
     check_prioritize(ext, p, ["t4"])
+
+
+def _host_variants(rng: random.Random, templates: list[NodeSlots], count: int) -> View:
+    """Many nodes over few GPU states, told apart by host free (often too little for
+    the pod), model and held requests only: the per-state plans are shared."""
+    nodes: dict[str, NodeSlots | None] = {}
+    for i in range(count):
+        t = _copy(rng, rng.choice(templates), f"h{i:03d}")
+        cpu_total = t.cpu_total or 16000
+        nodes[t.name] = replace(
+            t,
+            cpu_free=rng.choice((None, 0, 50, 1000, rng.randint(0, cpu_total))),
+            host_memory_free=rng.choice((None, 32, 4096, rng.randint(0, 10**6))),
+            cpu_total=cpu_total,
+            model=rng.choice(MODELS) if rng.random() < 0.3 else t.model,
+            held=frozenset(rng.sample([((4, 30),), ((8, 50),)], rng.randint(0, 2))),
+        )
+    return View(nodes)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("seed", range(6))
+def test_nodes_sharing_a_gpu_state_and_cold_shapes_after_a_new_workload(
+    policy: str, seed: int
+) -> None:
+    rng = random.Random(f"shared-{policy}-{seed}")
+    view = _host_variants(rng, [_template(rng, f"t{i}") for i in range(3)], 120)
+    view.priced = policy == "fgd"
+    view.load = _workload(priced=view.priced)
+    ext = extender(view, policy.removesuffix("-unpriced"))
+    pods = [pod(rng, f"s{i}") for i in range(8)]
+    names = sorted(view.nodes)
+    for round_ in range(3):
+        for p in pods:  # every shape cold at first, then warm; then a new policy
+            passed = check_filter(ext, p, names)
+            check_prioritize(ext, p, passed)
+        if round_ == 1:
+            view.load = _workload(rng.choice((0.5, 8.0)), view.priced)
+            for n in rng.sample(names, 10):  # and some nodes' host values change
+                node = view.nodes[n]
+                assert node is not None
+                view.nodes[n] = replace(node, cpu_free=rng.choice((None, 0, 3000)))

@@ -228,6 +228,12 @@ class PodScores:
         self.prices: dict[str, float] = dict(prices or {})
         self._shape = pod_shape(pod)
         self._memo: dict[Hashable, Score | NoFit] = {}
+        # Per GPU state: its plans for the pod, or why no device set fits (the reason
+        # reads healthy devices only, which the state holds; ``of`` puts the asker's
+        # name on it). Nodes that differ only in host values, model or held requests
+        # share it: a new shape costs one plan enumeration per state, then a host check
+        # and a look-up per node key, and no new object per key that does not fit.
+        self._by_state: dict[StateKey, tuple[Plan, ...] | NoFit] = {}
 
     def of(self, node: NodeSlots, key: Hashable | None = None) -> Score | NoFit:
         """``key``: ``node_key(node)`` when the caller keeps it."""
@@ -239,16 +245,28 @@ class PodScores:
                 self._memo.clear()
             self._memo[k] = got
         if isinstance(got, NoFit) and got.node != node.name:
-            return replace(got, node=node.name)
+            return NoFit(node.name, got.reason, got.cause)  # as replace(), a third of its cost
+        return got
+
+    def _plans(self, node: NodeSlots) -> tuple[Plan, ...] | NoFit:
+        state = node.state
+        got = self._by_state.get(state)
+        if got is None:
+            plans = self.policy.plans(state, self._shape)
+            got = plans if plans else NoFit(node.name, no_fit_reason(node, self.pod))
+            if len(self._by_state) >= self.memo_limit:
+                self._by_state.clear()
+            self._by_state[state] = got
         return got
 
     def _compute(self, node: NodeSlots) -> Score | NoFit:
         why = host_nofit(node, self.pod)
         if why is not None:
             return why
+        plans = self._plans(node)
+        if isinstance(plans, NoFit):
+            return plans
         state = node.state
-        if not self.policy.plans(state, self._shape):
-            return NoFit(node.name, no_fit_reason(node, self.pod))
         before: float | None = None
         if self.policy.host_aware:  # what score() would compute once per plan
             before = self.policy.potential(state, node.cpu_free, node.host_memory_free, node.model)

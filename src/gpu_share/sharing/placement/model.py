@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import cached_property
 
 from gpu_share.sharing.placement.models import ANY_MODEL, ModelReq
 
@@ -61,7 +62,7 @@ class NodeSlots:
     host_memory_total: int | None = None
     held: frozenset[tuple[tuple[int, int], ...]] = frozenset()
 
-    @property
+    @cached_property  # the object is frozen: built once, read per key and per evaluation
     def state(self) -> StateKey:
         return tuple(sorted(d.key for d in self.devices if d.healthy))
 
