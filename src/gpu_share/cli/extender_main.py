@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import ipaddress
 import logging
 import os
@@ -271,6 +272,17 @@ def _mode(plan: Serving) -> str:
     return "plain http"
 
 
+def quiet_collector() -> None:
+    """Keep CPython's full collections out of the request path: the view's first listing
+    (thousands of long-lived objects) goes to the permanent generation, and collections
+    start after 50,000 allocations instead of 700. Offline at 5,000 nodes, full
+    collections of 35-104 ms were most of filter's p99; short-lived garbage is freed by
+    reference counting, so the larger threshold holds little more memory."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 10)
+
+
 def _serve(
     a: argparse.Namespace,
     plan: Serving,
@@ -282,6 +294,7 @@ def _serve(
     view.start()
     if not view.wait_synced(60):
         log.warning("cluster view not synced after 60 s; serving anyway")
+    quiet_collector()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
