@@ -191,7 +191,8 @@ class World:
         v = new_view(self.clock)
         v._replace("nodes", copy.deepcopy(list(self.seen_nodes.values())))
         v._replace("pods", copy.deepcopy(list(self.seen_pods.values())))
-        v._pending = dict(self.view._pending)
+        for uid, entry in self.view._pending.items():
+            v._set_pending(uid, entry)
         return v
 
 

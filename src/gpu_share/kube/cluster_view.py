@@ -111,6 +111,10 @@ class KubeClusterView:
         self._host: dict[str, dict[str, tuple[int, int]]] = {}
         self._host_node: dict[str, str] = {}  # uid -> node, to drop a pod from _host
         self._pending: dict[str, tuple[str, Usage, tuple[int, int], float]] = {}
+        # The same reservations by node, and the oldest one's time: node() runs for every
+        # node of every request and must not scan every reservation of the cluster.
+        self._pending_on: dict[str, set[str]] = {}
+        self._oldest_pending = float("inf")
         self._wl: tuple[tuple[tuple[_ShapeKey, int], ...], Workload] | None = None
         # The sorted mix behind _wl; replaced (a new object) whenever _shapes changes.
         self._shapes_key: tuple[tuple[_ShapeKey, int], ...] | None = None
@@ -141,13 +145,8 @@ class KubeClusterView:
             inv = self._nodes.get(name)
             if inv is None:
                 return None
-            mine = False
-            for uid, (n, *_rest, at) in list(self._pending.items()):
-                if now - at > PENDING_TTL_S:
-                    del self._pending[uid]
-                    self._slots.pop(n, None)
-                elif n == name:
-                    mine = True
+            self._expire(now)
+            mine = self._pending_on.get(name, ())
             cached = None if mine else self._slots.get(name)
             if cached is not None:
                 return cached
@@ -164,10 +163,9 @@ class KubeClusterView:
             mem_used = sum(m for _, m in on_node.values())
             # A bind's reservation counts until the watch shows the pod bound here (the
             # annotated-but-unbound pod, seen between patch and binding, counts nowhere).
-            for uid, (n, u, (c, m), at) in list(self._pending.items()):
-                if now - at > PENDING_TTL_S:
-                    del self._pending[uid]
-                elif n == name and uid not in counted:
+            for uid in mine:
+                _, u, (c, m), _at = self._pending[uid]
+                if uid not in counted:
                     usages.append(u)
                     if uid not in on_node:
                         cpu_used, mem_used = cpu_used + c, mem_used + m
@@ -208,15 +206,42 @@ class KubeClusterView:
             if not (bound and self._trusted.get(pod_uid)):
                 ask = self._asks.get(pod_uid)
                 host = (ask.cpu, ask.memory) if ask is not None else (0, 0)
-                self._pending[pod_uid] = (node, dict(shares), host, self._clock())
+                self._set_pending(pod_uid, (node, dict(shares), host, self._clock()))
             self._slots.pop(node, None)
 
     def unreserve(self, pod_uid: str, node: str) -> None:
         with self._lock:
             pend = self._pending.get(pod_uid)
             if pend is not None and pend[0] == node:
-                del self._pending[pod_uid]
-                self._slots.pop(node, None)
+                self._drop_pending(pod_uid)
+
+    # -- reservations (caller holds the lock)
+    def _set_pending(self, uid: str, entry: tuple[str, Usage, tuple[int, int], float]) -> None:
+        self._drop_pending(uid)
+        self._pending[uid] = entry
+        self._pending_on.setdefault(entry[0], set()).add(uid)
+        self._oldest_pending = min(self._oldest_pending, entry[3])
+
+    def _drop_pending(self, uid: str) -> None:
+        entry = self._pending.pop(uid, None)
+        if entry is None:
+            return
+        node = entry[0]
+        self._slots.pop(node, None)
+        on = self._pending_on.get(node)
+        if on is not None:
+            on.discard(uid)
+            if not on:
+                del self._pending_on[node]
+
+    def _expire(self, now: float) -> None:
+        """Drops the reservations older than PENDING_TTL_S (only when one may be)."""
+        if now - self._oldest_pending <= PENDING_TTL_S:
+            return
+        for uid, (*_rest, at) in list(self._pending.items()):
+            if now - at > PENDING_TTL_S:
+                self._drop_pending(uid)
+        self._oldest_pending = min((e[3] for e in self._pending.values()), default=float("inf"))
 
     def pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         op = f"get pod {namespace}/{name}"
@@ -362,7 +387,7 @@ class KubeClusterView:
             if ask is None or not ask.uses_ours:
                 self._pods.pop(uid, None)
                 self._asks.pop(uid, None)
-                self._pending.pop(uid, None)
+                self._drop_pending(uid)
                 self._trusted.pop(uid, None)
                 return
             self._pods[uid] = node
@@ -374,7 +399,7 @@ class KubeClusterView:
             else:
                 self._trusted.pop(uid, None)
             if node and trusted:
-                self._pending.pop(uid, None)
+                self._drop_pending(uid)
                 self._on_node.setdefault(node, set()).add(uid)
                 self._node_of[uid] = node
 
