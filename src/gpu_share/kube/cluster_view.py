@@ -430,8 +430,11 @@ class KubeClusterView:
                     del self._on_node[old]
 
     def _list(self, what: str) -> tuple[list[dict[str, Any]], str]:
-        fn = self._core.list_node if what == "nodes" else self._core.list_pod_for_all_namespaces
-        return paged_list(f"list {what}", fn, self._t)
+        if what == "nodes":
+            return paged_list("list nodes", self._core.list_node, self._t, keep=slim_node)
+        return paged_list(
+            "list pods", self._core.list_pod_for_all_namespaces, self._t, keep=slim_pod
+        )
 
     def _replace(self, what: str, items: Sequence[Mapping[str, Any]]) -> None:
         """A fresh list: forget what the last one and its watch said."""
@@ -452,6 +455,45 @@ class KubeClusterView:
                 self._host_node.clear()
         for item in items:
             self._apply(what, "ADDED", item)
+
+
+# What the view reads of an object. A list holds all its objects until they are applied:
+# 50,000 whole pods (managedFields, status, env...) took the extender to ~800 MiB RSS at
+# 5,000 nodes; the watch's objects are read one at a time and need no trimming.
+_POD_META = ("name", "namespace", "uid", "annotations")
+_POD_SPEC = ("nodeName", "nodeSelector", "affinity", "overhead")
+_CONTAINER = ("name", "resources", "restartPolicy")
+
+
+def _pick(obj: Any, keys: Sequence[str]) -> Any:
+    """Only ``keys`` of a mapping; anything else as it is (malformed stays malformed)."""
+    return {k: obj[k] for k in keys if k in obj} if isinstance(obj, Mapping) else obj
+
+
+def _containers_of(items: Any) -> Any:
+    return [_pick(c, _CONTAINER) for c in items] if isinstance(items, list) else items
+
+
+def slim_pod(obj: dict[str, Any]) -> dict[str, Any]:
+    out = {"metadata": _pick(obj.get("metadata"), _POD_META)}
+    spec = obj.get("spec")
+    if isinstance(spec, Mapping):
+        out["spec"] = _pick(spec, _POD_SPEC)
+        for field in ("initContainers", "containers"):
+            if field in spec:
+                out["spec"][field] = _containers_of(spec[field])
+    elif spec is not None:
+        out["spec"] = spec
+    if "status" in obj:
+        out["status"] = _pick(obj["status"], ("phase",))
+    return out
+
+
+def slim_node(obj: dict[str, Any]) -> dict[str, Any]:
+    out = {"metadata": _pick(obj.get("metadata"), ("name", "labels", "annotations"))}
+    if "status" in obj:
+        out["status"] = _pick(obj["status"], ("allocatable",))
+    return out
 
 
 def _allocatable(node: Mapping[str, Any]) -> tuple[int | None, int | None]:

@@ -390,16 +390,21 @@ def kube_watch(fn: Any, op: str, timeouts: KubeTimeouts, **selectors: Any) -> Wa
 
 
 def _all_pages(
-    op: str, fetch: Callable[[str | None], Mapping[str, Any]]
+    op: str,
+    fetch: Callable[[str | None], Mapping[str, Any]],
+    keep: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> tuple[list[dict[str, Any]], str]:
     """Every item of a paged list (``fetch(continue_token)`` answers one page) and the
-    list's resourceVersion; at most MAX_LIST_PAGES pages. Raises KubeAccessError."""
+    list's resourceVersion; at most MAX_LIST_PAGES pages. ``keep`` trims each item as
+    its page arrives, so a long list never holds every whole object at once. Raises
+    KubeAccessError."""
     items: list[dict[str, Any]] = []
     cont: str | None = None
     rv = ""
     for _ in range(MAX_LIST_PAGES):
         page = fetch(cont)
-        items.extend(page.get("items") or ())
+        got = page.get("items") or ()
+        items.extend(got if keep is None else (keep(x) for x in got))
         meta = page.get("metadata") or {}
         rv = str(meta.get("resourceVersion") or rv)
         cont = meta.get("continue") or None
@@ -409,10 +414,16 @@ def _all_pages(
 
 
 def paged_list(
-    op: str, fn: Any, timeouts: KubeTimeouts, *, page_size: int = 500, **selectors: Any
+    op: str,
+    fn: Any,
+    timeouts: KubeTimeouts,
+    *,
+    page_size: int = 500,
+    keep: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    **selectors: Any,
 ) -> tuple[list[dict[str, Any]], str]:
-    """Every object a generated list method answers, page by page, and the list's
-    resourceVersion. Raises KubeAccessError."""
+    """Every object a generated list method answers, page by page (each trimmed by
+    ``keep``), and the list's resourceVersion. Raises KubeAccessError."""
     from kubernetes import client as k8s
 
     from gpu_share.kube.client import access_error, call_json
@@ -427,7 +438,7 @@ def paged_list(
             raise access_error(op, e) from e
         return answer
 
-    return _all_pages(op, page)
+    return _all_pages(op, page, keep)
 
 
 # ---------------------------------------------------------------- kube.rest (the agent)
