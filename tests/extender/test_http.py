@@ -8,7 +8,7 @@ import socket
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -32,7 +32,7 @@ MEM, CORE = "vendor.com/vcuda-memory", "vendor.com/vcuda-core"
 
 class FakeView:
     def __init__(self) -> None:
-        self.nodes = {
+        self.slots = {
             # a: one device with 8 units / 40 cores free; b: idle 16-unit devices.
             "a": NodeSlots("a", (DeviceSlot("GPU-a0", 0, 16, 8, 100, 40),)),
             "b": NodeSlots(
@@ -45,8 +45,11 @@ class FakeView:
         }
         self.reserved: list[tuple[str, str, dict[str, tuple[int, int]]]] = []
 
+    def nodes(self, names: Sequence[str]) -> dict[str, NodeSlots | None]:
+        return {n: self.node(n) for n in names}
+
     def node(self, name: str) -> NodeSlots | None:
-        return self.nodes.get(name)
+        return self.slots.get(name)
 
     def workload(self) -> Workload:
         return Workload([Shape(4, 30, 1.0), Shape(16, 100, 1.0)])
@@ -202,11 +205,11 @@ def test_host_cpu_and_memory_count_like_the_replay(served: Any) -> None:
     gpu = (DeviceSlot("GPU-c0", 0, 16, 16, 100, 100),)
     # c: the GPU fits but only 0.5 CPU is left (the pod's plain container asks 1);
     # d: CPU fits, memory does not.
-    view.nodes["c"] = NodeSlots("c", gpu, cpu_free=500, host_memory_free=10_000)
+    view.slots["c"] = NodeSlots("c", gpu, cpu_free=500, host_memory_free=10_000)
     pod = kpod(4, 30)
     pod["spec"]["containers"][1]["resources"]["requests"]["memory"] = "2Gi"
-    view.nodes["d"] = NodeSlots("d", gpu, cpu_free=8000, host_memory_free=1024)
-    view.nodes["e"] = NodeSlots("e", gpu, cpu_free=8000, host_memory_free=4096)
+    view.slots["d"] = NodeSlots("d", gpu, cpu_free=8000, host_memory_free=1024)
+    view.slots["e"] = NodeSlots("e", gpu, cpu_free=8000, host_memory_free=4096)
     got = post(url + "/filter", {"Pod": pod, "NodeNames": ["c", "d", "e"]})
     assert got["NodeNames"] == ["e"]
     assert "insufficient cpu (500m free, 1000m requested)" in got["FailedNodes"]["c"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -34,14 +34,17 @@ def slots(name: str, model: str, free: int = 16) -> NodeSlots:
 
 class View:
     def __init__(self) -> None:
-        self.nodes = {
+        self.slots = {
             "a100-1": slots("a100-1", "NVIDIA-A100-SXM4-80GB"),
             "t4-1": slots("t4-1", "Tesla-T4"),
             "t4-2": slots("t4-2", "Tesla-T4"),
         }
 
+    def nodes(self, names: Sequence[str]) -> dict[str, NodeSlots | None]:
+        return {n: self.node(n) for n in names}
+
     def node(self, name: str) -> NodeSlots | None:
-        return self.nodes.get(name)
+        return self.slots.get(name)
 
     def workload(self) -> Workload:
         # Half the demand may run anywhere, half needs the A100.

@@ -5,7 +5,7 @@ device pick and reusing filter's scores in prioritize change no answer."""
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -74,12 +74,15 @@ def _workload(weight: float = 2.0, priced: bool = True) -> Workload:
 
 class View:
     def __init__(self, nodes: Mapping[str, NodeSlots | None], priced: bool = True) -> None:
-        self.nodes = dict(nodes)
+        self.slots = dict(nodes)
         self.priced = priced
         self.load = _workload(priced=priced)
 
+    def nodes(self, names: Sequence[str]) -> dict[str, NodeSlots | None]:
+        return {n: self.node(n) for n in names}
+
     def node(self, name: str) -> NodeSlots | None:
-        return self.nodes.get(name)
+        return self.slots.get(name)
 
     def workload(self) -> Workload:
         return self.load
@@ -224,16 +227,16 @@ def check_prioritize(ext: Extender, p: dict[str, Any], names: list[str]) -> None
 
 def _change(rng: random.Random, view: View) -> None:
     """A view change: a node's devices, host or existence (a new NodeSlots object)."""
-    name = rng.choice(sorted(view.nodes))
-    n = view.nodes[name]
+    name = rng.choice(sorted(view.slots))
+    n = view.slots[name]
     if n is None or rng.random() < 0.1:
-        view.nodes[name] = None if n is not None else _template(rng, name)
+        view.slots[name] = None if n is not None else _template(rng, name)
         return
     devs = list(n.devices)
     if devs:
         i = rng.randrange(len(devs))
         devs[i] = _device(rng, devs[i].index, devs[i].memory_total, name)
-    view.nodes[name] = replace(n, devices=tuple(devs), cpu_free=rng.choice((None, 0, 8000)))
+    view.slots[name] = replace(n, devices=tuple(devs), cpu_free=rng.choice((None, 0, 8000)))
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -247,7 +250,7 @@ def test_filter_and_prioritize_answer_as_per_node_evaluation(policy: str, seed: 
     pods += [{**p, "metadata": {**p["metadata"], "uid": f"again-{i}"}} for i, p in enumerate(pods)]
     for _ in range(25):
         p = rng.choice(pods)
-        names = sorted(view.nodes)
+        names = sorted(view.slots)
         if rng.random() < 0.2:
             names = rng.sample(names, rng.randint(1, len(names)))
         passed = check_filter(ext, p, names)
@@ -308,7 +311,7 @@ def test_nodes_sharing_a_gpu_state_and_cold_shapes_after_a_new_workload(
     view.load = _workload(priced=view.priced)
     ext = extender(view, policy.removesuffix("-unpriced"))
     pods = [pod(rng, f"s{i}") for i in range(8)]
-    names = sorted(view.nodes)
+    names = sorted(view.slots)
     for round_ in range(3):
         for p in pods:  # every shape cold at first, then warm; then a new policy
             passed = check_filter(ext, p, names)
@@ -316,6 +319,6 @@ def test_nodes_sharing_a_gpu_state_and_cold_shapes_after_a_new_workload(
         if round_ == 1:
             view.load = _workload(rng.choice((0.5, 8.0)), view.priced)
             for n in rng.sample(names, 10):  # and some nodes' host values change
-                node = view.nodes[n]
+                node = view.slots[n]
                 assert node is not None
-                view.nodes[n] = replace(node, cpu_free=rng.choice((None, 0, 3000)))
+                view.slots[n] = replace(node, cpu_free=rng.choice((None, 0, 3000)))

@@ -207,3 +207,5 @@ def test_cached_nodes_equal_a_fresh_view(seed: int) -> None:
         fresh = world.fresh()
         for n in names:
             assert world.view.node(n) == fresh.node(n), (seed, n)
+        # one call for many nodes (what filter and prioritize use) reads the same
+        assert world.view.nodes(names) == fresh.nodes(list(reversed(names))), seed

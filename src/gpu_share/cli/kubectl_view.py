@@ -372,6 +372,9 @@ class SnapshotView:
         self._slots: dict[str, NodeSlots | None] = {}
         self._workload: Workload | None = None
 
+    def nodes(self, names: Sequence[str]) -> dict[str, NodeSlots | None]:
+        return {n: self.node(n) for n in names}
+
     def node(self, name: str) -> NodeSlots | None:
         if name not in self._slots:
             self._slots[name] = self.snap.slots(name)

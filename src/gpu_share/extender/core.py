@@ -159,7 +159,7 @@ class Extender:
         """``_evaluate``'s answers without the device pick: the score of each fitting
         node, the NoFit of the others; one evaluation per distinct node state."""
         policy = self._policy_factory(self.view)
-        slots = {n: self.view.node(n) for n in names}
+        slots = self.view.nodes(names)
         free = model_free(s for s in slots.values() if s is not None) if policy.priced else {}
         scorer = self._pod_scores(policy, demand, tuple(sorted(policy.prices(free).items())))
         out: dict[str, Score | NoFit] = {}
@@ -173,7 +173,7 @@ class Extender:
 
     def _evaluate(self, names: list[str], demand: PodDemand) -> dict[str, Placement | NoFit]:
         policy = self._policy_factory(self.view)
-        slots = {n: self.view.node(n) for n in names}
+        slots = self.view.nodes(names)
         # Model pressure over the candidates (the replay: over the cluster).
         free = model_free(s for s in slots.values() if s is not None) if policy.priced else {}
         prices = policy.prices(free)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from gpu_share.sharing.placement import NodeSlots, Workload
@@ -12,6 +12,11 @@ class ClusterView(Protocol):
     def node(self, name: str) -> NodeSlots | None:
         """The node's devices with free = total - used (inventory + assignments + pending
         decisions), or None when the node has no inventory annotation."""
+        ...
+
+    def nodes(self, names: Sequence[str]) -> dict[str, NodeSlots | None]:
+        """``node`` of each name, read at one moment (filter and prioritize ask for every
+        candidate: one call, not one per node)."""
         ...
 
     def workload(self) -> Workload:

@@ -140,45 +140,55 @@ class KubeClusterView:
 
     # -- ClusterView
     def node(self, name: str) -> NodeSlots | None:
+        return self.nodes((name,))[name]
+
+    def nodes(self, names: Sequence[str]) -> dict[str, NodeSlots | None]:
         now = self._clock()
         with self._lock:
-            inv = self._nodes.get(name)
-            if inv is None:
-                return None
             self._expire(now)
-            mine = self._pending_on.get(name, ())
-            cached = None if mine else self._slots.get(name)
-            if cached is not None:
-                return cached
-            totals = {d.id: (d.memory_total, d.cores_total) for d in inv.devices}
-            usages = []
-            counted = set()
-            # A bound pod without a verified annotation counts by its bind reservation
-            # (if any, below) and else by the inventory, like an unannotated pod.
-            for uid in self._on_node.get(name, ()):
-                usages.append(pod_usage(self._trusted[uid], self._domain, totals))
-                counted.add(uid)
-            on_node = self._host.get(name, {})
-            cpu_used = sum(c for c, _ in on_node.values())
-            mem_used = sum(m for _, m in on_node.values())
-            # A bind's reservation counts until the watch shows the pod bound here (the
-            # annotated-but-unbound pod, seen between patch and binding, counts nowhere).
-            for uid in mine:
-                _, u, (c, m), _at = self._pending[uid]
-                if uid not in counted:
-                    usages.append(u)
-                    if uid not in on_node:
-                        cpu_used, mem_used = cpu_used + c, mem_used + m
-            slots = node_slots(inv, usages, self._model.get(name))
-            cpu, mem = self._alloc.get(name, (None, None))
-            out = replace(
-                slots,
-                cpu_free=None if cpu is None else cpu - cpu_used,
-                host_memory_free=None if mem is None else mem - mem_used,
-            )
-            if not mine:
-                self._slots[name] = out
+            get, pending = self._slots.get, self._pending_on
+            out: dict[str, NodeSlots | None] = {}
+            for name in names:
+                cached = None if name in pending else get(name)
+                out[name] = cached if cached is not None else self._build(name)
             return out
+
+    def _build(self, name: str) -> NodeSlots | None:
+        """The node's slots from its inventory and pods (caller holds the lock; cached
+        unless a bind reservation is pending there)."""
+        inv = self._nodes.get(name)
+        if inv is None:
+            return None
+        mine = self._pending_on.get(name, ())
+        totals = {d.id: (d.memory_total, d.cores_total) for d in inv.devices}
+        usages = []
+        counted = set()
+        # A bound pod without a verified annotation counts by its bind reservation
+        # (if any, below) and else by the inventory, like an unannotated pod.
+        for uid in self._on_node.get(name, ()):
+            usages.append(pod_usage(self._trusted[uid], self._domain, totals))
+            counted.add(uid)
+        on_node = self._host.get(name, {})
+        cpu_used = sum(c for c, _ in on_node.values())
+        mem_used = sum(m for _, m in on_node.values())
+        # A bind's reservation counts until the watch shows the pod bound here (the
+        # annotated-but-unbound pod, seen between patch and binding, counts nowhere).
+        for uid in mine:
+            _, u, (c, m), _at = self._pending[uid]
+            if uid not in counted:
+                usages.append(u)
+                if uid not in on_node:
+                    cpu_used, mem_used = cpu_used + c, mem_used + m
+        slots = node_slots(inv, usages, self._model.get(name))
+        cpu, mem = self._alloc.get(name, (None, None))
+        out = replace(
+            slots,
+            cpu_free=None if cpu is None else cpu - cpu_used,
+            host_memory_free=None if mem is None else mem - mem_used,
+        )
+        if not mine:
+            self._slots[name] = out
+        return out
 
     def workload(self) -> Workload:
         """Requests of pods seen (bound or pending), else the configured default mix."""
