@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--policies",
         default=",".join(POLICIES),
-        help=f"also {sim.BLIND}: fgd with requirements left out of its workload (bench only)",
+        help=f"also {sim.BLIND}: fgd with requirements left out of its workload, "
+        f"{sim.UNPRICED}: fgd without share prices (bench only)",
     )
     ap.add_argument("--ties", default=",".join(TIES))
     ap.add_argument("--seeds", default="42-51", help="e.g. 42-51 or 42,43")
@@ -205,7 +206,7 @@ def markdown(results: list[dict[str, Any]]) -> None:
     """Allocation % at 100 % arrived per trace, policy and tie-break (mean of seeds)."""
     groups = _groups(results)
     present = {(k[1], k[2]) for k in groups}
-    cols = [(p, t) for p in (*POLICIES, sim.BLIND) for t in TIES if (p, t) in present]
+    cols = [(p, t) for p in (*POLICIES, sim.BLIND, sim.UNPRICED) for t in TIES if (p, t) in present]
     head = " | ".join(f"{p} {t[:4]}." for p, t in cols)
     print(f"\n| trace | seeds | {head} | published FGD / BestFit |")
     print("|---|---|" + "---|" * (len(cols) + 1))

@@ -48,6 +48,7 @@ def workload_of(pods: list[TracePod]) -> Workload:
 
 
 BLIND = "fgd-blind"  # bench only: fgd whose workload ignores model requirements (as before)
+UNPRICED = "fgd-unpriced"  # bench only: fgd without the share prices (prices.py), as before
 
 
 def blind(workload: Workload) -> Workload:
@@ -67,6 +68,9 @@ def run(
 ) -> RunResult:
     if policy == BLIND:
         pol = make_policy("fgd", blind(workload))
+    elif policy == UNPRICED:
+        pol = make_policy("fgd", workload)
+        pol.price_shares = False
     else:
         pol = make_policy(policy, workload if policy == "fgd" else None)
     index = ClusterIndex(pol, nodes, TieBreak(tie_break), random.Random(seed))

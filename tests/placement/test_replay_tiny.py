@@ -24,7 +24,7 @@ def test_tiny_replay(tmp_path: Path) -> None:
     capacity = sum(len(n.devices) for n in nodes) * 1000
     order = trace.arrival_order(loaded, 42, capacity)
     assert sum(p.gpu_request for p in order) >= 1.3 * capacity
-    for policy in ("fgd", "best-fit", "packing", "random", "dotprod", "clustering"):
+    for policy in ("fgd", sim.UNPRICED, "best-fit", "packing", "random", "dotprod", "clustering"):
         r = sim.run(nodes, order, sim.workload_of(loaded), policy, "deterministic", 42)
         assert r.placed + r.failed == len(order)
         assert set(r.allocation) == set(sim.CHECKPOINTS)

@@ -14,11 +14,13 @@ changes one node, and only that node's new state needs computing.
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gpu_share.sharing.placement.model import MILLI, DevKey, StateKey
 from gpu_share.sharing.placement.models import ANY_MODEL, ModelPressure, ModelReq
+from gpu_share.sharing.placement.prices import SharePrices, grid, share_prices
 
 
 def amount(d: DevKey) -> float:
@@ -110,6 +112,8 @@ class Workload:
         self._host: dict[tuple[int, int], tuple[float, ...]] = {}
         self._frag: dict[tuple[StateKey, int, int], float] = {}
         self._ratio: dict[tuple[int, int], tuple[float, float]] = {}
+        self._prices: dict[tuple[int, int], SharePrices] = {}
+        self._loss: dict[tuple[DevKey, int, int], float] = {}
         self._cpus = sorted({s.cpu for s in self.shapes})
         self._mems = sorted({s.host_memory for s in self.shapes})
         self.memo_limit = 200_000
@@ -223,6 +227,39 @@ class Workload:
                 mem += s.weight * s.host_memory
             got = (cpu / gpu, mem / gpu) if gpu > 0 else (0.0, 0.0)
             self._ratio[key] = got
+        return got
+
+    def prices(self, dev: DevKey) -> SharePrices:
+        """Cutting-stock prices of the workload's shares on such a device (``prices.py``)."""
+        key = (dev[2], dev[3])
+        got = self._prices.get(key)
+        if got is None:
+            sizes: dict[float, float] = {}
+            for s in self.shapes:
+                if not whole_count(s.memory_units, s.cores, dev[3]):
+                    a = amount((s.memory_units, s.cores, dev[2], dev[3]))
+                    sizes[a] = sizes.get(a, 0.0) + s.weight
+            unit = grid(list(sizes))
+            demand: dict[int, float] = {}
+            for a, w in sizes.items():
+                k = max(1, math.ceil(a / unit - 1e-6))
+                demand[k] = demand.get(k, 0.0) + w
+            got = share_prices(demand, unit, MILLI // unit)
+            self._prices[key] = got
+        return got
+
+    def share_loss(self, dev: DevKey, memory_units: int, cores: int) -> float:
+        """Device value (fraction of a device) that a share of ``dev`` loses for good."""
+        key = (dev, memory_units, cores)
+        got = self._loss.get(key)
+        if got is None:
+            got = 0.0
+            if not whole_count(memory_units, cores, dev[3]):
+                size = amount((memory_units, cores, dev[2], dev[3]))
+                got = self.prices(dev).loss(amount(dev), size)
+            if len(self._loss) >= self.memo_limit:
+                self._loss.clear()
+            self._loss[key] = got
         return got
 
     def stranded(self, state: StateKey, cpu_free: int | None, memory_free: int | None) -> float:

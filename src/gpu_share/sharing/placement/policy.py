@@ -3,9 +3,12 @@
 Every policy works on the node's GPU state key only, so nodes in the same state share
 one (memoised) evaluation; node and device ties are broken outside (``cluster.py``).
 
-* ``fgd`` (default, ours): least increase of node fragmentation against the target
-  workload (FGD); ties then go to the placement leaving the least free capacity on the
-  node (packing), so equal-gradient choices do not scatter pods over idle nodes.
+* ``fgd`` (default, ours): first the least device value a share placement loses for
+  good (cutting-stock prices of the workload's shares, ``prices.py``: a share goes into
+  a gap that an optimal packing of the mix would put it in), then the least increase of
+  node fragmentation against the target workload (FGD); ties then go to the placement
+  leaving the least free capacity on the node (packing), so equal-gradient choices do
+  not scatter pods over idle nodes.
 * ``best-fit``: least free capacity left on the node after placement.
 * ``packing``: the paper's GPU packing: a partly used device first, then a device of a
   node already in use, then an idle node; least free capacity left within a tier.
@@ -157,6 +160,8 @@ class ClusterPolicy:
         self.stranded_weight = 1.0
         # Weight of the model-pressure price (0 = model-aware fragmentation only).
         self.pressure_weight = 1.0
+        # fgd: device value a share placement loses for good (``prices.py``) ranks first.
+        self.price_shares = True
         self._score: ScoreFn = {
             ClusterPolicyName.FGD: self._fgd_gpu,
             ClusterPolicyName.BEST_FIT: _best_fit,
@@ -269,7 +274,13 @@ class ClusterPolicy:
         if h.price:
             taken = self.workload.usable(state)[0] - free_after
             delta += self.pressure_weight * h.price * taken
-        return (round(delta, _ROUND), round(free_after, _ROUND))
+        lost = self._share_loss(plan, h.model) if self.price_shares else 0.0
+        return (round(MILLI * lost, _ROUND), round(delta, _ROUND), round(free_after, _ROUND))
+
+    def _share_loss(self, plan: Plan, model: str) -> float:
+        assert self.workload is not None
+        w = self.workload.for_model(model)
+        return sum(w.share_loss(st.taken[0], st.memory_units, st.cores) for st in plan.steps)
 
     def parts_floor(self, parts: StateParts) -> Score:
         """A score no node in ``parts``' state can beat (``node_eval``)."""
