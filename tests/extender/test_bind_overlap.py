@@ -16,35 +16,9 @@ from kubernetes import client as k8s
 from gpu_share.errors import BindRefused, KubeAccessError
 from gpu_share.extender.core import Extender, ExtenderSettings
 from gpu_share.kube.cluster_view import KubeBinder, KubeClusterView
-from gpu_share.sharing.annotations import InventoryAnnotation, InventoryDevice, inventory_key
 from gpu_share.sharing.model import ResourceNames
-from gpu_share.sharing.placement import Shape, Workload, make_policy
-
-KEY = b"bind-overlap-key-0123456789abcdef"
-DOM = "vendor.com"
-MEM, CORE = f"{DOM}/vcuda-memory", f"{DOM}/vcuda-core"
-INV = InventoryAnnotation(
-    "n1",
-    1024,
-    (
-        InventoryDevice("GPU-0", 0, "T4", 16, 0, 100, 0, True, 0),
-        InventoryDevice("GPU-1", 1, "T4", 16, 0, 100, 0, True, 0),
-    ),
-)
-
-
-def _view() -> KubeClusterView:
-    v = KubeClusterView(
-        k8s.ApiClient(),
-        domain=DOM,
-        memory_resource=MEM,
-        core_resource=CORE,
-        default_workload=Workload([Shape(16, 100, 1.0)]),
-        decision_key=KEY,
-    )
-    v._apply("nodes", "ADDED", {"metadata": {"name": "n1", "annotations": {
-        inventory_key(DOM): INV.encode()}}})
-    return v
+from gpu_share.sharing.placement import make_policy
+from tests.extender.test_view import CORE, DOM, KEY, MEM, _view
 
 
 def _pod(uid: str) -> dict[str, Any]:

@@ -236,13 +236,8 @@ class KubeClusterView:
         entry = self._pending.pop(uid, None)
         if entry is None:
             return
-        node = entry[0]
-        self._slots.pop(node, None)
-        on = self._pending_on.get(node)
-        if on is not None:
-            on.discard(uid)
-            if not on:
-                del self._pending_on[node]
+        self._slots.pop(entry[0], None)
+        _discard(self._pending_on, entry[0], uid)
 
     def _expire(self, now: float) -> None:
         """Drops the reservations older than PENDING_TTL_S (only when one may be)."""
@@ -433,11 +428,7 @@ class KubeClusterView:
         old = self._node_of.pop(uid, None)
         if old is not None:
             self._slots.pop(old, None)
-            on = self._on_node.get(old)
-            if on is not None:
-                on.discard(uid)
-                if not on:
-                    del self._on_node[old]
+            _discard(self._on_node, old, uid)
 
     def _list(self, what: str) -> tuple[list[dict[str, Any]], str]:
         if what == "nodes":
@@ -465,6 +456,15 @@ class KubeClusterView:
                 self._host_node.clear()
         for item in items:
             self._apply(what, "ADDED", item)
+
+
+def _discard(index: dict[str, set[str]], node: str, uid: str) -> None:
+    """``uid`` out of ``index[node]``; an emptied entry goes."""
+    on = index.get(node)
+    if on is not None:
+        on.discard(uid)
+        if not on:
+            del index[node]
 
 
 # What the view reads of an object. A list holds all its objects until they are applied:
