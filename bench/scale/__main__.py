@@ -342,21 +342,28 @@ def _main(a: argparse.Namespace) -> int:
                     results += run_extender(r, wl_file)
                 else:
                     results += run_dra(r)
+                # After every path: a run stopped later keeps what it measured.
+                report(a, len(nodes), capacity, pods, arrived, sim_alloc, results)
+    return 0
+
+
+def report(a: argparse.Namespace, n_nodes: int, capacity: int, pods: Sequence[Any],
+           arrived: float, sim_alloc: float, results: list[model.PathFigures]) -> None:
     print()
-    print(f"{len(nodes)} kwok nodes, {capacity // 1000} GPUs, {len(pods)} pods "
+    print(f"{n_nodes} kwok nodes, {capacity // 1000} GPUs, {len(pods)} pods "
           f"({arrived:.1f} % of the GPUs asked), seed {a.seed}")
     print(model.table(results, sim_alloc))
     for f in results:
         for note in f.notes:
             print(f"  {f.path}: {note}")
+    print(flush=True)
     if a.out:
         doc = {
-            "nodes": len(nodes), "gpus": capacity // 1000, "pods": len(pods), "seed": a.seed,
+            "nodes": n_nodes, "gpus": capacity // 1000, "pods": len(pods), "seed": a.seed,
             "arrived_pct": arrived, "sim_alloc_pct": sim_alloc,
             "paths": [{**asdict(f), "pods_per_s": f.pods_per_s} for f in results],
         }
         Path(a.out).write_text(json.dumps(doc))
-    return 0
 
 
 if __name__ == "__main__":
