@@ -21,7 +21,11 @@ pod's host ports).
 13c ``helm upgrade`` to another decision key (``scheduler.decisionKey.existingSecret``)
     rolls the scheduler and the agent; a pod running before keeps its uid, its restart
     count and its device ids; a new pod lands with a decision signed by the new key (and
-    not by the old one), which the agent follows.
+    not by the old one), which the agent follows;
+13d GPU-model requirements (issue #14) in the pod's ``gpu-share.<domain>/models``
+    annotation: a pod accepting the node's model (the dummy backend's ``Dummy NPU``, in
+    label form ``Dummy-NPU``, among others) runs on the extender's device; a pod accepting
+    only models the node lacks stays Pending with the extender's model reason.
 
 Whatever happens, the module restores the chart's values with ``scheduler.enabled=false``.
 """
@@ -39,6 +43,7 @@ from typing import Any
 import pytest
 
 from gpu_share.sharing.decision import DecisionError, decision_key, verify_binding
+from gpu_share.sharing.model_req import models_key
 from tests.e2e.support import (
     AGENT_NS,
     ASSIGNMENT,
@@ -59,9 +64,12 @@ DEPLOYMENT = f"{RELEASE}-scheduler"  # the chart's full name is the release name
 GENERATED_KEY = f"{RELEASE}-decision-key"
 ROTATED_KEY = f"{RELEASE}-e2e-decision-key-2"
 DECISION = decision_key("vendor.com")  # gpu-share.vendor.com/decision
+MODELS = models_key("vendor.com")  # gpu-share.vendor.com/models
+NODE_MODEL = "Dummy-NPU"  # the chart's dummy model ("Dummy NPU") in label form
 IMAGE_SCRIPT = REPO / "hack" / "build-scheduler-image.sh"
 # Not 10259: the local cluster's own kube-scheduler listens there on the host.
 SECURE_PORT = 10359
+
 
 def _say(msg: str) -> None:
     print(f"[story 13] {msg}", flush=True)
@@ -115,6 +123,13 @@ def _upgrade(kube: Kube, *extra: str) -> None:
 def _secret_key(kube: Kube, name: str) -> bytes:
     data = kube.get("secret", name, "-n", AGENT_NS)["data"]["key"]
     return base64.b64decode(data).strip()
+
+
+def _scheduler_key(kube: Kube) -> bytes:
+    """The key the running scheduler signs with (the Secret its pod template mounts)."""
+    spec = kube.get("deployment", DEPLOYMENT, "-n", AGENT_NS)["spec"]["template"]["spec"]
+    (name,) = [v["secret"]["secretName"] for v in spec["volumes"] if v["name"] == "decision-key"]
+    return _secret_key(kube, name)
 
 
 @pytest.fixture(scope="module")
@@ -171,8 +186,11 @@ def scheduled(kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
             )
 
 
-def _gpu_pod(name: str, ns: str, memory: int, cores: int = 0) -> dict[str, Any]:
-    doc = pod(name, ns, [container("main", memory, cores)])
+def _gpu_pod(
+    name: str, ns: str, memory: int, cores: int = 0, models: str | None = None
+) -> dict[str, Any]:
+    annotations = {MODELS: models} if models is not None else None
+    doc = pod(name, ns, [container("main", memory, cores)], annotations=annotations)
     doc["spec"]["schedulerName"] = SCHEDULER
     return doc
 
@@ -303,3 +321,28 @@ def test_story13c_key_rotation_keeps_running_pods(scheduled: Scheduled, namespac
     with pytest.raises(DecisionError):
         verify_binding(text, old_key, p["metadata"]["uid"], kube.node)
     _say(f"after rotation: before on {dev} untouched, after on {dev2} with the new key")
+
+
+def test_story13d_model_requirements_place_or_keep_pending(
+    scheduled: Scheduled, namespace: str
+) -> None:
+    kube = scheduled.kube
+    key = _scheduler_key(kube)
+    allowed = f"NVIDIA-A100-SXM4-80GB|{NODE_MODEL}"
+    kube.apply([_gpu_pod("on-model", namespace, 2, 10, models=allowed)])
+    _, dev = _landed(kube, namespace, "on-model", key)
+
+    other = "NVIDIA-H100-80GB-HBM3,Tesla-T4"
+    kube.apply([_gpu_pod("off-model", namespace, 2, 10, models=other)])
+    wait_until("off-model Unschedulable", lambda: _unschedulable(kube, namespace, "off-model"), 90)
+
+    def reason() -> list[str] | None:
+        msgs = [e for e in kube.events(namespace, "off-model") if e.startswith("FailedScheduling")]
+        return msgs if any(f"device model '{NODE_MODEL}' is not one" in m for m in msgs) else None
+
+    msgs = wait_until("the extender's model reason in FailedScheduling", reason, 60)
+    time.sleep(5)  # and it stays that way, though the node has room for it
+    p = kube.get("pod", "off-model", "-n", namespace)
+    assert p["status"].get("phase") == "Pending" and not p["spec"].get("nodeName"), p["status"]
+    assert DECISION not in p["metadata"].get("annotations", {})
+    _say(f"on-model on {dev}; off-model Pending: {msgs[-1]}")
