@@ -21,6 +21,7 @@ from gpu_share.agent.response import build_allocate_spec
 from gpu_share.config.model import AgentConfig
 from gpu_share.devices.dummy import DummyBackend
 from gpu_share.errors import KubeAccessError
+from gpu_share.kube.resourceclaims import ClaimNotFoundError
 from gpu_share.sharing.inventory import Inventory
 from gpu_share.sharing.ledger import EntrySource, LedgerEntry
 from gpu_share.sharing.model import ContainerRef, ContainerRequest, DeviceShare
@@ -36,6 +37,7 @@ class Claims:
         self.objs: dict[tuple[str, str], dict[str, Any]] = {}
         self.reads = 0
         self.fail: Exception | None = None
+        self.unreadable: set[str] = set()  # names whose read fails (connection refused)
         self._lock = threading.Lock()
 
     def add(self, obj: dict[str, Any], name: str = "c", uid: str = UID) -> ClaimRef:
@@ -48,7 +50,12 @@ class Claims:
             self.reads += 1
         if self.fail is not None:
             raise self.fail
-        return self.objs[(namespace, name)]
+        if name in self.unreadable:
+            raise KubeAccessError(f"read claim {namespace}/{name}: connection refused")
+        try:
+            return self.objs[(namespace, name)]
+        except KeyError:
+            raise ClaimNotFoundError(f"claim {namespace}/{name}: not found") from None
 
 
 def config(tmp: Path, **runtime: Any) -> AgentConfig:
@@ -304,3 +311,69 @@ def test_a_whole_device_claim_is_not_prepared_next_to_a_share(tmp_path: Path) ->
     p = preparer(tmp_path, src)
     assert p.prepare([share])[UID].error == ""
     assert "held whole" in p.prepare([whole])[UID2].error
+
+
+BIG = {"memory": "14Gi", "cores": "80"}  # most of gpu-0 (dummy: 16 GiB)
+
+
+def _churn(tmp_path: Path) -> tuple[Claims, DraClaimPreparer, ClaimRef, ClaimRef]:
+    """A claim holding most of gpu-0 is prepared; a new one asks more than is left."""
+    src = Claims()
+    old = src.add(claim(result("gpu-0", consumedCapacity=dict(BIG))))
+    new = src.add(claim(result("gpu-0", consumedCapacity=dict(SHARED))), name="d", uid=UID2)
+    p = preparer(tmp_path, src)
+    assert p.prepare([old])[UID].error == ""
+    return src, p, old, new
+
+
+def test_a_holder_deleted_in_the_api_frees_its_capacity_before_its_unprepare(
+    tmp_path: Path,
+) -> None:
+    """The kubelet unprepares a finished pod's claims only after the API deallocated and
+    deleted them (seen on the local cluster: the next pod's prepare came ~2 s before the
+    old claim's unprepare, and the kubelet's retry 40 s later). A holder that is gone
+    from the API no longer counts; it stays prepared until its unprepare."""
+    src, p, old, new = _churn(tmp_path)
+    refused = p.prepare([new])[UID2]
+    assert "18/16 memory units" in refused.error  # the old claim is still in the API
+    del src.objs[("ns", old.name)]
+    assert p.prepare([new])[UID2].error == ""
+    assert spec_path(tmp_path, UID).exists() and UID in p.prepared()  # until its unprepare
+    assert p.unprepare([old]) == {UID: ""}
+    assert not spec_path(tmp_path, UID).exists()
+    assert set(p.prepared()) == {UID2}
+
+
+@pytest.mark.parametrize("change", ["no allocation", "another claim of that name"])
+def test_a_holder_deallocated_or_replaced_in_the_api_frees_its_capacity(
+    tmp_path: Path, change: str
+) -> None:
+    src, p, old, new = _churn(tmp_path)
+    obj = src.objs[("ns", old.name)]
+    if change == "no allocation":
+        obj["status"] = {}  # deallocated, deletion pending
+    else:
+        obj["metadata"]["uid"] = "0badc0de-1111-4222-8333-444455556666"
+    assert p.prepare([new])[UID2].error == ""
+
+
+def test_a_holder_that_cannot_be_read_keeps_its_capacity(tmp_path: Path) -> None:
+    src, p, old, new = _churn(tmp_path)
+    del src.objs[("ns", old.name)]
+    src.unreadable.add(old.name)
+    refused = p.prepare([new])[UID2]
+    assert "18/16 memory units" in refused.error and refused.devices == ()
+    assert not spec_path(tmp_path, UID2).exists()
+
+
+def test_a_holder_still_allocated_keeps_its_capacity_and_a_restart_rechecks(
+    tmp_path: Path,
+) -> None:
+    src, p, old, new = _churn(tmp_path)
+    reads = src.reads
+    assert "18/16 memory units" in p.prepare([new])[UID2].error
+    assert src.reads == reads + 2  # the new claim, then its holder once
+    del src.objs[("ns", old.name)]
+    again = preparer(tmp_path, src)  # restarted: the old claim comes from the checkpoint
+    assert again.prepare([new])[UID2].error == ""
+    assert set(again.prepared()) == {UID, UID2}

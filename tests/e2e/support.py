@@ -199,7 +199,21 @@ class Kube(Kubectl):
                 return pods
             return None
 
-        return wait_until(f"pods of {ns} settled", settled, timeout, interval=2)
+        got = wait_until(f"pods of {ns} settled", settled, timeout, interval=2, fail=False)
+        if got is None:  # name what is still Pending, and why, for the failure report
+            pending = {
+                p["metadata"]["name"]: {
+                    "conditions": [
+                        f"{c['type']}={c['status']} {c.get('reason', '')} {c.get('message', '')}"
+                        for c in p["status"].get("conditions", [])
+                    ],
+                    "events": self.events(ns, p["metadata"]["name"])[-3:],
+                }
+                for p in self.pods(ns)
+                if p["status"].get("phase") not in ("Running", "Succeeded", "Failed")
+            }
+            raise AssertionError(f"pods of {ns} not settled after {timeout:.0f}s: {pending}")
+        return got
 
 
 def container(

@@ -15,6 +15,13 @@ record the answer in the checkpoint (``<pluginDir>/checkpoint.json``, atomic).
   with an error log line, and the agent starts with none: claims are then read again.
 - Thread-safe: the kubelet may call for several claims at once. One claim's work is
   serialised by a lock of its uid; the checkpoint by one lock.
+- Capacity: a claim that would over-commit a device with the claims prepared here is
+  refused. The kubelet unprepares a finished pod's claims only after the API has
+  deallocated (often deleted) them, so the scheduler may already have given their
+  capacity to a new claim: on a conflict the holders are read again, and one that is
+  gone, now names another claim, or has no allocation (so no pod can be using it) no
+  longer counts, though it stays prepared until its unprepare. A holder that cannot be
+  read still counts.
 """
 
 from __future__ import annotations
@@ -38,7 +45,8 @@ from gpu_share.agent.hostdirs import HostDirs
 from gpu_share.agent.response import build
 from gpu_share.config.model import AgentConfig, EnforcementMode, RuntimeConfig
 from gpu_share.devices.base import Device, RuntimeNaming
-from gpu_share.errors import GpuShareError
+from gpu_share.errors import GpuShareError, KubeAccessError
+from gpu_share.kube.resourceclaims import ClaimNotFoundError
 from gpu_share.sharing.cdi import uses_cdi
 from gpu_share.sharing.dra_claims import (
     CLAIM_UID,
@@ -199,6 +207,8 @@ class DraClaimPreparer:
         self._claims: dict[str, _Prepared] = self._load()
         # Claims being prepared now (checked against capacity, not yet recorded).
         self._reserved: dict[str, tuple[DeviceShare, ...]] = {}
+        # Prepared claims the API has deallocated: awaiting unprepare, holding nothing.
+        self._finished: set[str] = set()
 
     # -- ClaimPreparer
 
@@ -251,16 +261,65 @@ class DraClaimPreparer:
     def _reserve(self, claim: ParsedClaim, inv: Inventory) -> None:
         """Refuse a claim that would over-commit a device with the claims prepared (or
         being prepared) here: the scheduler never allocates so, but a forged or stale
-        claim status must not give a container more than the device has."""
+        claim status must not give a container more than the device has. On a conflict,
+        holders the API has deallocated stop counting (module docstring), once."""
+        why: str | None = None
+        for recheck in (True, False):
+            with self._lock:
+                why = over_capacity(self._held(claim.uid), claim.shares, inv)
+                if why is None:
+                    self._reserved[claim.uid] = claim.shares
+                    return
+                holders = self._holders(claim) if recheck else {}
+            if not self._drop_finished(holders):
+                break
+        raise ClaimError(why or "over capacity", ClaimReason.OVER_CAPACITY)
+
+    def _held(self, uid: str) -> list[DeviceShare]:
+        """Shares of the other claims prepared or being prepared (under ``_lock``)."""
+        return [
+            *(h for u, p in self._claims.items()
+              if u != uid and u not in self._finished for h in p.shares),
+            *(h for u, r in self._reserved.items() if u != uid for h in r),
+        ]
+
+    def _holders(self, claim: ParsedClaim) -> dict[str, _Prepared]:
+        """The counted prepared claims on the devices ``claim`` asks for (under ``_lock``)."""
+        devices = {h.device for h in claim.shares}
+        return {
+            u: p for u, p in self._claims.items()
+            if u != claim.uid and u not in self._finished
+            and any(h.device in devices for h in p.shares)
+        }
+
+    def _drop_finished(self, holders: Mapping[str, _Prepared]) -> bool:
+        """Reads each holder (no lock held); marks those the API has deallocated. True
+        when any was."""
+        done = [uid for uid, p in holders.items() if self._deallocated(uid, p)]
         with self._lock:
-            held = [
-                *(h for uid, p in self._claims.items() if uid != claim.uid for h in p.shares),
-                *(h for uid, r in self._reserved.items() if uid != claim.uid for h in r),
-            ]
-            why = over_capacity(held, claim.shares, inv)
-            if why is not None:
-                raise ClaimError(why, ClaimReason.OVER_CAPACITY)
-            self._reserved[claim.uid] = claim.shares
+            done = [uid for uid in done if uid in self._claims]  # not unprepared meanwhile
+            self._finished.update(done)
+        for uid in done:
+            p = holders[uid]
+            log.info("DRA: claim %s/%s (%s) is deallocated in the API; its capacity is free "
+                     "before the kubelet unprepares it", p.namespace, p.name, uid)
+        return bool(done)
+
+    def _deallocated(self, uid: str, p: _Prepared) -> bool:
+        """No pod can be using the claim: it is gone, its name is another claim's now, or
+        it has no allocation. Unreadable: False (it keeps counting)."""
+        try:
+            obj = self._source.get_claim(p.namespace, p.name)
+        except ClaimNotFoundError:
+            return True
+        except KubeAccessError as exc:
+            log.warning("DRA: cannot read prepared claim %s/%s (%s): %s; it keeps its "
+                        "capacity", p.namespace, p.name, uid, exc)
+            return False
+        meta, status = obj.get("metadata"), obj.get("status")
+        if not isinstance(meta, Mapping) or not isinstance(status, Mapping | None):
+            return False  # not a claim as the API writes one: keep counting it
+        return meta.get("uid") != uid or not (status or {}).get("allocation")
 
     def _write_new(self, claim: ParsedClaim, inv: Inventory) -> tuple[PreparedDevice, ...]:
         runtime = self._runtime(claim)
@@ -338,6 +397,8 @@ class DraClaimPreparer:
                     self._spec_path(ref.uid).unlink()
                 if known is not None:
                     self._record(ref.uid, None)
+                    with self._lock:
+                        self._finished.discard(ref.uid)
                     self._release_dir(known)
                     log.info("DRA: unprepared claim %s/%s (%s)", known.namespace, known.name,
                              ref.uid)
