@@ -474,6 +474,15 @@ def test_story11c_shapes_and_a_one_device_mix_at_once(dra: DraPool, namespace: s
     _run_and_check(kube, dra, namespace, {"cores-only": ([("main", ClaimShape(0, 40))], [])})
     _delete_pods(kube, namespace)
     _run_and_check(kube, dra, namespace, MIX_ONE_DEVICE)
+    # Each step took over gpu-0 from the last one's claims, which the kubelet unprepares
+    # only after the API deleted them: the agent must not refuse the newcomers meanwhile
+    # (it did, and the kubelet's retry cost ~40 s per hand-over).
+    refused = [
+        f"{e.get('reason')}: {e.get('message')}"
+        for e in kube.get("events", "-n", namespace)["items"]
+        if "NodePrepareResources failed" in str(e.get("message"))
+    ]
+    assert not refused, refused[:3]
 
 
 def _placed_or_refused(kube: Kube, ns: str, name: str) -> str | None:
