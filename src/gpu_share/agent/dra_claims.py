@@ -33,7 +33,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -263,34 +263,36 @@ class DraClaimPreparer:
         being prepared) here: the scheduler never allocates so, but a forged or stale
         claim status must not give a container more than the device has. On a conflict,
         holders the API has deallocated stop counting (module docstring), once."""
-        why: str | None = None
-        for recheck in (True, False):
-            with self._lock:
-                why = over_capacity(self._held(claim.uid), claim.shares, inv)
-                if why is None:
-                    self._reserved[claim.uid] = claim.shares
-                    return
-                holders = self._holders(claim) if recheck else {}
-            if not self._drop_finished(holders):
-                break
-        raise ClaimError(why or "over capacity", ClaimReason.OVER_CAPACITY)
+        why = self._try_reserve(claim, inv)
+        if why is not None and self._drop_finished(self._holders(claim)):
+            why = self._try_reserve(claim, inv)
+        if why is not None:
+            raise ClaimError(why, ClaimReason.OVER_CAPACITY)
 
-    def _held(self, uid: str) -> list[DeviceShare]:
-        """Shares of the other claims prepared or being prepared (under ``_lock``)."""
-        return [
-            *(h for u, p in self._claims.items()
-              if u != uid and u not in self._finished for h in p.shares),
-            *(h for u, r in self._reserved.items() if u != uid for h in r),
-        ]
+    def _try_reserve(self, claim: ParsedClaim, inv: Inventory) -> str | None:
+        """Reserves the claim's shares if they fit beside the counted ones, else why not."""
+        with self._lock:
+            held = [
+                *(h for _, p in self._counted(claim.uid) for h in p.shares),
+                *(h for u, r in self._reserved.items() if u != claim.uid for h in r),
+            ]
+            why = over_capacity(held, claim.shares, inv)
+            if why is None:
+                self._reserved[claim.uid] = claim.shares
+            return why
+
+    def _counted(self, uid: str) -> Iterator[tuple[str, _Prepared]]:
+        """The other prepared claims that hold capacity (caller holds ``_lock``)."""
+        return ((u, p) for u, p in self._claims.items() if u != uid and u not in self._finished)
 
     def _holders(self, claim: ParsedClaim) -> dict[str, _Prepared]:
-        """The counted prepared claims on the devices ``claim`` asks for (under ``_lock``)."""
+        """The counted prepared claims on the devices ``claim`` asks for."""
         devices = {h.device for h in claim.shares}
-        return {
-            u: p for u, p in self._claims.items()
-            if u != claim.uid and u not in self._finished
-            and any(h.device in devices for h in p.shares)
-        }
+        with self._lock:
+            return {
+                u: p for u, p in self._counted(claim.uid)
+                if any(h.device in devices for h in p.shares)
+            }
 
     def _drop_finished(self, holders: Mapping[str, _Prepared]) -> bool:
         """Reads each holder (no lock held); marks those the API has deallocated. True
