@@ -34,5 +34,6 @@ ensure_shellcheck() {
 # the `source`d hack/lib files).
 shell_lint() {
   ensure_shellcheck || return 1
-  shellcheck -x hack/*.sh hack/lib/*.sh hack/cluster/*.sh bench/*.sh bench/agent/*.sh
+  shellcheck -x hack/*.sh hack/lib/*.sh hack/cluster/*.sh bench/*.sh bench/agent/*.sh \
+    tests/standin/*.sh
 }

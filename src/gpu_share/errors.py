@@ -23,6 +23,9 @@ class AllocationReason(StrEnum):
     EXCLUSIVE_CONFLICT = "ExclusiveConflict"
     # Cores without memory under an enforcing mode (sharing.limits).
     MEMORY_REQUIRED = "MemoryRequired"
+    # The enforcement's per-container host dir could not be made (hami-core): a slice
+    # whose limits cannot reach its container is not handed out.
+    HOST_DIR_UNAVAILABLE = "HostDirUnavailable"
 
 
 @dataclass(frozen=True)
@@ -36,9 +39,14 @@ def _same(reason: AllocationReason, grpc_code: str = "INVALID_ARGUMENT") -> Reas
     return ReasonInfo(reason.value, grpc_code, reason.value)
 
 
+# Not the request's fault: the node cannot serve it now.
+_GRPC_CODES = {
+    AllocationReason.NO_FIT: "RESOURCE_EXHAUSTED",
+    AllocationReason.HOST_DIR_UNAVAILABLE: "UNAVAILABLE",
+}
+
 REASONS: dict[AllocationReason, ReasonInfo] = {
-    r: _same(r, "RESOURCE_EXHAUSTED" if r is AllocationReason.NO_FIT else "INVALID_ARGUMENT")
-    for r in AllocationReason
+    r: _same(r, _GRPC_CODES.get(r, "INVALID_ARGUMENT")) for r in AllocationReason
 }
 
 

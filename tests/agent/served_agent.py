@@ -7,6 +7,7 @@ process."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import random
 import shutil
@@ -53,6 +54,23 @@ def scratch_dir(prefix: str = "gsa-") -> Iterator[Path]:
         yield d
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def hami_core_install(d: Path) -> dict[str, str]:
+    """``runtime.hamiCore`` of a node where the library is installed as the chart does
+    (library, its checksum beside it, the preload file naming it; agent/enforcement.py
+    checks them). The library here is any shared object of this machine: these tests
+    load nothing."""
+    import _ctypes  # an ELF shared object for this machine
+
+    lib = d / "vgpu" / "libvgpu.so"
+    lib.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(str(_ctypes.__file__), lib)
+    digest = hashlib.sha256(lib.read_bytes()).hexdigest()
+    (d / "vgpu" / "libvgpu.so.sha256").write_text(f"{digest}  libvgpu.so\n")
+    (d / "vgpu" / "ld.so.preload").write_text(f"{lib}\n")
+    return {"libraryPath": str(lib), "preloadPath": str(d / "vgpu" / "ld.so.preload"),
+            "cacheDir": str(d / "cache")}
 
 
 def agent_config(

@@ -14,13 +14,14 @@ import pytest
 
 from gpu_share.agent.hostdirs import HostDirs
 from gpu_share.plugin.server import REASON_METADATA_KEY
-from tests.agent.served_agent import CORE, MEM, Rig, pod_view, rig_with
+from gpu_share.sharing import hami_region
+from tests.agent.served_agent import CORE, MEM, Rig, hami_core_install, pod_view, rig_with
 
 
 @pytest.fixture
 def hami() -> Iterator[Rig]:
     runtime = {"runtime": lambda d: {"enforcement": "hami-core",
-                                     "hamiCore": {"cacheDir": str(d / "cache")}}}
+                                     "hamiCore": hami_core_install(d)}}
     with rig_with(runtime) as r:
         yield r
 
@@ -62,9 +63,34 @@ def test_cache_dir_is_per_pod_uid_private_and_removed_on_release(hami: Rig) -> N
         hami.agent.reconcile()
     assert os.listdir(root) == []
     assert secret.read_text() == "keep me" and (hami.dir / "state").is_dir()
-    # A later pod of the same name gets a new, empty dir.
+    # A later pod of the same name gets a new dir holding only its seeded region.
     hami.admit(pod_view("p", ("main", 2, 20), uid="uid-2"), random.Random(2))
-    assert os.listdir(root) == ["uid-2_main"] and os.listdir(root / "uid-2_main") == []
+    assert os.listdir(root) == ["uid-2_main"]
+    assert os.listdir(root / "uid-2_main") == [hami_region.CACHE_FILE]
+    seeded = hami_region.read_limits((root / "uid-2_main" / hami_region.CACHE_FILE).read_bytes())
+    assert seeded is not None
+    assert seeded.memory_bytes[:2] == (2 << 30, 0) and set(seeded.sm_percent) == {20}
+
+
+def test_a_slice_whose_cache_dir_cannot_be_made_is_not_handed_out(hami: Rig) -> None:
+    """Something in the dir's place (here a file): the Allocate fails UNAVAILABLE
+    (reason HostDirUnavailable), nothing is held, the pod gets an Event."""
+    assert hami.agent is not None and hami.agent.engine is not None
+    (hami.dir / "cache" / "uid-f_main").write_text("not a dir")
+    view = pod_view("f", ("main", 2, 0), uid="uid-f")
+    hami.pods.pods[("default", "f")] = view
+    hami.publish_pr()
+    client = hami.clients[MEM]
+    ids = client.preferred_allocation(hami.free_ids(MEM), [], 2)
+    with pytest.raises(grpc.RpcError) as err:
+        client.allocate(ids)
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    meta = dict(err.value.trailing_metadata() or ())
+    assert meta[REASON_METADATA_KEY] == "HostDirUnavailable"
+    assert hami.agent.engine.ledger.pod_entries(("default", "f")) == []
+    assert hami.agent.flush(5)
+    assert any(r == "HostDirUnavailable" and who == "default/f"
+               for who, r, _ in hami.publisher.events)
 
 
 def test_cores_only_shared_slice_is_refused_with_memory_required(hami: Rig) -> None:

@@ -27,6 +27,7 @@ DASH = "monitoring.dashboard.enabled=true"
 AGENT_ALERTS = {
     "GpuShareDeviceUnhealthy",
     "GpuShareAgentNotRegistered",
+    "GpuShareEnforcementUnavailable",
     "GpuShareAgentDown",
     "GpuShareAllocationFailures",
     "GpuShareDegradedIdentity",

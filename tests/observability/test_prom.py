@@ -61,6 +61,10 @@ OLD: list[tuple[str, str, str, tuple[str, ...]]] = [
     ("gauge", "gpu_share_device_cordoned",
      "1 when an admin cordoned the device (no new slices; running ones stay), 0 otherwise.",
      ("device",)),
+    ("gauge", "gpu_share_enforcement_ready",
+     "1 while the node can enforce its pool's mode (no new slices otherwise; the node Event "
+     "EnforcementUnavailable says what is missing), 0 otherwise.",
+     ["mode"]),
     ("counter", "gpu_share_cordon_annotations_ignored_total",
      "Cordon annotations on the node the agent ignored, by why (Malformed, UnknownDevice, "
      "TooMany).", ("reason",)),

@@ -282,7 +282,7 @@ def test_rendered_rules_pass_promtool_check_rules(promtool: str, tmp_path: Path,
     path.write_text(yaml.safe_dump(rendered_rules(major)))
     proc = run_promtool(promtool, "check", "rules", str(path))
     assert proc.returncode == 0, (proc.stdout + proc.stderr).decode()
-    assert b"SUCCESS: 10 rules found" in proc.stdout
+    assert b"SUCCESS: 11 rules found" in proc.stdout
 
 
 def test_alert_unit_tests_pass(promtool: str, tmp_path: Path) -> None:
@@ -311,13 +311,13 @@ def test_every_alert_has_a_firing_and_a_silent_case() -> None:
     # No helm needed: the alert names as the template writes them.
     template = (CHART / "templates" / "prometheusrule.yaml").read_text()
     names = set(re.findall(r"- alert: (\w+)", template))
-    assert len(names) == 10
+    assert len(names) == 11
     assert {n: cases.get(n, set()) for n in names} == {n: {True, False} for n in names}
 
 
 def test_alerts_have_severity_summary_description_and_runbook() -> None:
     rules = alerts_of(rendered_rules())
-    assert len(rules) == 10
+    assert len(rules) == 11
     for rule in rules:
         assert rule["labels"]["severity"] in {"warning", "critical"}, rule
         assert {"summary", "description", "runbook"} <= set(rule["annotations"]), rule

@@ -41,7 +41,7 @@ from typing import Any, Protocol
 from gpu_share.agent.cdi import SPEC_MODE
 from gpu_share.agent.dra_ports import ClaimRef, PreparedDevice, PrepareResult
 from gpu_share.agent.files import write_atomic
-from gpu_share.agent.hostdirs import HostDirs
+from gpu_share.agent.hostdirs import HostDirs, seed_region
 from gpu_share.agent.response import build
 from gpu_share.config.model import AgentConfig, EnforcementMode, RuntimeConfig
 from gpu_share.devices.base import Device, RuntimeNaming
@@ -61,7 +61,7 @@ from gpu_share.sharing.dra_claims import (
 )
 from gpu_share.sharing.inventory import Inventory
 from gpu_share.sharing.ledger import EntrySource, LedgerEntry
-from gpu_share.sharing.model import ContainerRef, DeviceShare
+from gpu_share.sharing.model import AllocateSpec, ContainerRef, DeviceShare
 
 log = logging.getLogger(__name__)
 
@@ -331,7 +331,10 @@ class DraClaimPreparer:
             host_dir = f"claim_{claim.uid}"
             cache = self._dirs(runtime).create(host_dir)
         devices = {d.device.uuid: d.device for d in inv.devices}
-        spec = self._spec(claim, devices, runtime, inv.unit_mib, cache)
+        response = self._response(claim, devices, runtime, inv.unit_mib, cache)
+        if host_dir:  # the limits are the claim's before any of its processes runs
+            seed_region(self._dirs(runtime), host_dir, response.envs)
+        spec = claim_cdi_spec(self.driver, claim, devices, response)
         prepared = _Prepared(
             namespace=claim.namespace,
             name=claim.name,
@@ -363,8 +366,8 @@ class DraClaimPreparer:
             "pass_device_specs": base.pass_device_specs or uses_cdi(base),
         })
 
-    def _spec(self, claim: ParsedClaim, devices: Mapping[str, Device], runtime: RuntimeConfig,
-              unit_mib: int, cache: str | None) -> dict[str, Any]:
+    def _response(self, claim: ParsedClaim, devices: Mapping[str, Device],
+                  runtime: RuntimeConfig, unit_mib: int, cache: str | None) -> AllocateSpec:
         entry = LedgerEntry(
             ref=ContainerRef(claim.namespace, claim.name, CLAIM_CONTAINER, claim.uid),
             request=claim.request,
@@ -373,10 +376,9 @@ class DraClaimPreparer:
             created_at=0.0,
             updated_at=0.0,
         )
-        response = build(entry, devices.get, self._naming, runtime, unit_mib,
-                         hami_cache_host_dir=cache,
-                         memory_resource=self.cfg.resources.memory_resource)
-        return claim_cdi_spec(self.driver, claim, devices, response)
+        return build(entry, devices.get, self._naming, runtime, unit_mib,
+                     hami_cache_host_dir=cache,
+                     memory_resource=self.cfg.resources.memory_resource)
 
     def _restore(self, uid: str, known: _Prepared) -> None:
         """A prepared claim asked again: what it needs on disk is there again."""

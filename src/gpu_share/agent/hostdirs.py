@@ -23,6 +23,8 @@ import time
 from collections.abc import Mapping
 from typing import TypeAlias
 
+from gpu_share.sharing import hami_region
+
 log = logging.getLogger(__name__)
 Keys: TypeAlias = Mapping[str, frozenset[str]]  # host dir key -> unit ids its entry holds
 
@@ -34,6 +36,13 @@ ROOT_MODE = 0o711  # host users cannot list the root (the names are pod UIDs)
 LEAF_MODE = 0o777
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _serial = itertools.count()
+
+
+def seed_region(dirs: HostDirs, key: str, envs: Mapping[str, str]) -> None:
+    """HAMi-core's region in the dir ``key``, its limits those of ``envs`` (the slice's
+    response): set before any process of the container runs (sharing/hami_region.py)."""
+    data = hami_region.region_bytes(*hami_region.limits_from_env(envs))
+    dirs.seed(key, hami_region.CACHE_FILE, data)
 
 
 class HostDirs:
@@ -74,6 +83,38 @@ class HostDirs:
         finally:
             os.close(root)
         return self.path(key)
+
+    def seed(self, key: str, name: str, data: bytes) -> bool:
+        """Write ``data`` as file ``name`` in the dir ``key`` unless it is there already
+        (the container's other Allocate, or its process was first); True when written.
+        Never through a symlink; mode 0666: the container's user is unknown."""
+        _check_key(key)
+        _check_key(name)
+        root = self._open_root()
+        try:
+            leaf = os.open(key, _DIR_FLAGS, dir_fd=root)
+        finally:
+            os.close(root)
+        try:
+            tmp = f"{TRASH_PREFIX}{name}-{os.getpid()}-{next(_serial)}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o666, dir_fd=leaf)
+            try:
+                os.fchmod(fd, 0o666)
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+            finally:
+                os.close(fd)
+            try:  # link, not rename: a file already there (the first writer's) stays
+                os.link(tmp, name, src_dir_fd=leaf, dst_dir_fd=leaf, follow_symlinks=False)
+                return True
+            except FileExistsError:
+                return False
+            finally:
+                os.unlink(tmp, dir_fd=leaf)
+        finally:
+            os.close(leaf)
 
     def follow(self, current: Keys, *, initial: bool = False) -> None:
         """The ledger now holds ``current``: trash (or, when named, rename) the dirs of

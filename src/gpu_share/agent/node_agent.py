@@ -9,6 +9,7 @@ with which facts.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -17,8 +18,10 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+from gpu_share.agent.enforcement import EnforcementStatus
+from gpu_share.agent.enforcement import check as check_enforcement
 from gpu_share.agent.feed import ChangeFeed
-from gpu_share.agent.hostdirs import HostDirs
+from gpu_share.agent.hostdirs import HostDirs, seed_region
 from gpu_share.agent.ports import PodResourcesSource, PodSource, Publisher
 from gpu_share.agent.publisher import BackgroundPublisher
 from gpu_share.agent.response import RuntimeResponses
@@ -27,6 +30,7 @@ from gpu_share.config.model import AgentConfig, EnforcementMode
 from gpu_share.devices.base import DeviceBackend, HealthEvent
 from gpu_share.errors import (
     AllocationError,
+    AllocationReason,
     ConfigError,
     GpuShareError,
     KubeAccessError,
@@ -39,6 +43,7 @@ from gpu_share.sharing.annotations import (
     assignment_key,
     encode_assignment,
     encode_inventory,
+    enforcement_key,
     inventory_key,
 )
 from gpu_share.sharing.cordon import Cordon, CordonChange, diff_cordons, scan_cordons
@@ -78,6 +83,8 @@ STOP_TIMEOUT_S = 2.0
 # The journal is folded into a new ledger.json snapshot (off the call path) this often
 # while it has records, or sooner after this many.
 COMPACT_INTERVAL_S = 1.0
+# Allocations refused whole: nothing is held for the container (the kubelet runs nothing).
+_REFUSED = frozenset({MEMORY_REQUIRED, AllocationReason.HOST_DIR_UNAVAILABLE})
 COMPACT_RECORDS = 500
 JOURNAL_TORN = "LedgerJournalTorn"  # ledger_anomaly reason: a crash cut a record short
 
@@ -99,6 +106,7 @@ class AgentMetrics:
     def memory_unit(self, configured_mib: int, in_use_mib: int) -> None: ...
     def loop_error(self, loop: str) -> None: ...
     def cordon_ignored(self, reason: str) -> None: ...
+    def enforcement(self, mode: str, ready: bool) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -183,6 +191,9 @@ class NodeAgent:
         self._cordons: dict[str, Cordon] = {}
         self._cordon_annotations: Mapping[str, str] | None = None
         self._cordon_problems: frozenset[tuple[str, str]] = frozenset()
+        # Whether the node can enforce its pool's mode (agent/enforcement.py); until the
+        # first check, it cannot.
+        self.enforcement = EnforcementStatus(cfg.runtime.enforcement, ("not checked yet",))
         # HAMi-core's per-container host dirs: made at Allocate, gone with the entry.
         self._host_dirs = (
             HostDirs(cfg.runtime.hami_core.cache_dir)
@@ -232,6 +243,7 @@ class NodeAgent:
             memory_resource=self.names.memory,
         )
         self._init_host_dirs()
+        self.check_enforcement()
         if self._cordon_annotations is not None:
             self.on_node_annotations(self._cordon_annotations)
         log.info(
@@ -382,13 +394,13 @@ class NodeAgent:
         result = engine.allocate(kind, ids, ctx)
         try:
             spec = self._spec_for(result.entry)
+            self._make_host_dir(result.entry, spec)
         except AllocationError as exc:
-            if exc.reason == MEMORY_REQUIRED:  # refused: the kubelet runs nothing
+            if exc.reason in _REFUSED:  # refused: the kubelet runs nothing
                 engine.ledger.remove(result.entry.ref)
             self._persist()
             raise
         self._persist()
-        self._make_host_dir(resource, result.entry)
         return result, spec
 
     # ---- reconciliation, health ------------------------------------------------------------
@@ -485,12 +497,44 @@ class NodeAgent:
             scan = scan_cordons(annotations, self.cfg.resources.domain, devices)
             changes = diff_cordons(self._cordons, scan.cordons)
             self._cordons = dict(scan.cordons)
-            changed = engine.set_cordons(list(scan.cordons))
+            changed = engine.set_cordons(self._held_back(engine))
         self._report_cordon_problems(scan.problems)
         for change in changes:
             self._cordon_changed(change, devices.get(change.device))
         if changed:
             self.feed.bump()  # ListAndWatch: the device's units are unhealthy now
+            self.feed_inventory_changed()
+
+    def _held_back(self, engine: AllocationEngine) -> list[str]:
+        """Devices that take no new slice: the cordoned ones, and all while the node
+        cannot enforce its mode."""
+        if not self.enforcement.ready:
+            return [d.uuid for d in engine.inventory.devices]
+        return list(self._cordons)
+
+    def check_enforcement(self) -> None:
+        """Check the pool's enforcement (start, every health pass); on a change, hold
+        every device back or give them back, and say so."""
+        status = check_enforcement(self.cfg.runtime)
+        with self._lock:
+            if status == self.enforcement:
+                return
+            before, self.enforcement = self.enforcement, status
+            changed = self._engine().set_cordons(self._held_back(self._engine()))
+        self._metrics.enforcement(status.mode.value, status.ready)
+        if status.ready:
+            log.info("%s: new slices may land on this node", status.describe())
+            if self._publisher is not None:
+                self._publisher.event(None, self.cfg.node_name, reason="EnforcementReady",
+                                      message=status.describe(), warning=False)
+        else:
+            log.error("%s: no new slice lands on this node (running ones stay)",
+                      status.describe())
+            if before.ready or before.problems != status.problems:
+                self.warn_node("EnforcementUnavailable", status.describe()
+                               + "; no new slice lands on this node, running ones stay")
+        if changed:
+            self.feed.bump()
             self.feed_inventory_changed()
 
     def _report_cordon_problems(self, problems: Sequence[tuple[str, str, str]]) -> None:
@@ -556,6 +600,8 @@ class NodeAgent:
         events = self.backend.poll_health(self.cfg.health.poll_interval_seconds)
         if events and not self._stop.is_set():
             self.on_health(events)
+        if not self._stop.is_set():
+            self.check_enforcement()
 
     def _reconcile_step(self) -> None:
         # The first full reconcile right after start, then every interval or on request.
@@ -852,22 +898,21 @@ class NodeAgent:
             log.error("hami-core cache dir %s unusable: %s", self._host_dirs.root, exc)
         self._host_dirs.follow(self._host_dir_keys(), initial=True)
 
-    def _make_host_dir(self, resource: str, entry: LedgerEntry) -> None:
-        """The container's private cache dir. Not fatal: its name is unique to the pod
-        UID anyway; the runtime then creates it (root-owned 0755)."""
+    def _make_host_dir(self, entry: LedgerEntry, spec: AllocateSpec) -> None:
+        """The container's private cache dir, its HAMi-core region seeded with the
+        slice's limits (sharing/hami_region.py). Raises ``HOST_DIR_UNAVAILABLE``: a
+        slice whose limits cannot reach its container is not handed out."""
         if self._host_dirs is None:
             return
         try:
-            self._host_dirs.create(host_dir_key(entry))
+            key = host_dir_key(entry)
+            self._host_dirs.create(key)
+            seed_region(self._host_dirs, key, spec.envs)
         except (OSError, ValueError) as exc:
-            self._metrics.failure(resource, "HostDirUnavailable")
-            log.warning("host dir for %s not created: %s", entry.ref, exc)
-            if self._publisher is not None and entry.ref.namespace:
-                self._publisher.event(
-                    entry.ref.namespace, entry.ref.pod_name, reason="HostDirUnavailable",
-                    message=f"container {entry.ref.container_name}: cache dir not created: "
-                    f"{str(exc)[:200]}", warning=True,
-                )
+            raise AllocationError(
+                f"cache dir not made: {str(exc)[:200]}",
+                reason=AllocationReason.HOST_DIR_UNAVAILABLE, ref=entry.ref,
+            ) from exc
 
     def _follow_host_dirs(self) -> None:
         if self._host_dirs is not None and self.engine is not None:
@@ -896,7 +941,7 @@ class NodeAgent:
                         (self.names.memory, usage[d.uuid].memory_used, d.memory_units),
                         (self.names.core, usage[d.uuid].cores_used, d.cores),
                     ),
-                    self.engine.inventory.is_cordoned(d.uuid),
+                    d.uuid in self._cordons,
                 )
                 for d in self.engine.inventory.devices
             ]
@@ -905,7 +950,11 @@ class NodeAgent:
     def _node_annotations(self) -> Mapping[str, str | None]:
         with self._lock:
             doc = self._engine().inventory_view(self.cfg.node_name)
-        return {inventory_key(self.cfg.resources.domain): encode_inventory(doc)}
+        return {
+            inventory_key(self.cfg.resources.domain): encode_inventory(doc),
+            enforcement_key(self.cfg.resources.domain): json.dumps(
+                self.enforcement.as_doc(), sort_keys=True, separators=(",", ":")),
+        }
 
     def _pod_annotations(self, namespace: str, name: str) -> Mapping[str, str | None] | None:
         with self._lock:

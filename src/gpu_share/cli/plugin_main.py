@@ -107,6 +107,9 @@ class PrometheusAgentMetrics(AgentMetrics):
     def cordon_ignored(self, reason: str) -> None:
         self.m.cordon_annotations_ignored_total.labels(reason=reason).inc()
 
+    def enforcement(self, mode: str, ready: bool) -> None:
+        self.m.enforcement_ready.labels(mode=mode).set(1 if ready else 0)
+
     def memory_unit(self, configured_mib: int, in_use_mib: int) -> None:
         self.m.memory_unit_bytes.labels(unit="configured").set(configured_mib * MIB)
         self.m.memory_unit_bytes.labels(unit="in-use").set(in_use_mib * MIB)
@@ -360,7 +363,9 @@ class _Node:
         # Before any device is advertised: CDI names in a response must resolve.
         self._write_cdi_spec(backend.devices(), backend.naming())
         manager = self.manager = PluginManager(agent.handlers(), cfg.kubelet.device_plugin_dir)
-        self._serve_http(lambda: all(p.registered for p in manager.plugins))
+        # Not ready while the node cannot enforce its mode (no new slices then).
+        self._serve_http(lambda: agent.enforcement.ready
+                         and all(p.registered for p in manager.plugins))
         # Serve now, so that a socket the OS refuses (path too long, another live
         # server) ends the start with its cause; registering waits for kubelet.sock in
         # the supervised loop below, where SIGTERM is answered at once.

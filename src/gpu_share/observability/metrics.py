@@ -95,6 +95,13 @@ class Metrics:
             ["device"],
             registry=r,
         )
+        self.enforcement_ready = Gauge(
+            f"{PREFIX}_enforcement_ready",
+            "1 while the node can enforce its pool's mode (no new slices otherwise; "
+            "the node Event EnforcementUnavailable says what is missing), 0 otherwise.",
+            ["mode"],
+            registry=r,
+        )
         self.cordon_annotations_ignored_total = Counter(
             f"{PREFIX}_cordon_annotations_ignored_total",
             "Cordon annotations on the node the agent ignored, by why (Malformed, "

@@ -54,6 +54,11 @@ def inventory_key(domain: str) -> str:
     return f"gpu-share.{domain}/inventory"
 
 
+def enforcement_key(domain: str) -> str:
+    """The node's enforcement status (agent/enforcement.py), JSON: mode, ready, problems."""
+    return f"gpu-share.{domain}/enforcement"
+
+
 def assignment_key(domain: str) -> str:
     return f"gpu-share.{domain}/assignment"
 
