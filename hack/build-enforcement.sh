@@ -15,6 +15,10 @@
 # Usage: hack/build-enforcement.sh            build what is missing, print
 #                                             hami_core=<libvgpu.so> standin=<dir>
 #        hack/build-enforcement.sh --print    print only what is built (no network)
+#        hack/build-enforcement.sh --hami-core DIR
+#                                             HAMi-core only (the image's build stage):
+#                                             libvgpu.so, libvgpu.so.sha256, LICENSE and
+#                                             VERSION installed into DIR
 # Env:   GPU_SHARE_HAMI_CORE_TARBALL   another pinned tarball (its top folder holds src/);
 #        GPU_SHARE_HAMI_CORE_SHA256    its checksum (default: read from SHA256SUMS beside it)
 set -euo pipefail
@@ -111,7 +115,8 @@ build_hami_core() {
     -o "${dir}/libvgpu.so.tmp" -lpthread -ldl -lrt
   mv "${dir}/libvgpu.so.tmp" "${dir}/libvgpu.so"
   sha256sum "${dir}/libvgpu.so" | cut -d' ' -f1 >"${dir}/libvgpu.so.sha256"
-  cp "${VENDOR_DIR}/LICENSE" "${dir}/LICENSE" 2>/dev/null || true
+  cp "$(dirname "${TARBALL}")/LICENSE" "${dir}/LICENSE"
+  echo "HAMi-core $(basename "${TARBALL}") sha256:${sha}" >"${dir}/VERSION"
   echo "source ${sha} built $(date -u +%FT%TZ)" >"${dir}/.stamp"
 }
 
@@ -137,6 +142,18 @@ main() {
   case "${1:-}" in
     --print)
       [[ -f "$(hami_dir)/.stamp" && -f "$(standin_dir)/.stamp" ]] || return 1
+      ;;
+    --hami-core)
+      local out="${2:?usage: $0 --hami-core DIR}" f
+      command -v gcc >/dev/null || die "gcc not found (apt-get install gcc)"
+      build_headers
+      build_hami_core
+      mkdir -p "${out}"
+      for f in libvgpu.so libvgpu.so.sha256 LICENSE VERSION; do
+        install -m 0644 "$(hami_dir)/${f}" "${out}/${f}"
+      done
+      echo "hami_core=${out}/libvgpu.so"
+      return 0
       ;;
     "")
       command -v gcc >/dev/null || die "gcc not found (apt-get install gcc)"

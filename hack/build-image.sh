@@ -21,6 +21,9 @@
 #      unchanged sources skip the build.
 #   3. `hack/local-up-cluster.sh import-image` when containerd does not already hold that
 #      exact image.
+# HAMi-core's pinned source (GPU_SHARE_HAMI_CORE_DIR, default ../shared/vendor/hami-core:
+# tarball, SHA256SUMS, LICENSE) is staged into .build/hami-core/ (ignored by git) as the
+# Dockerfile's HAMI_CORE_SOURCE; the image's hami-core stage compiles libvgpu.so from it.
 #
 # Settings: GPU_SHARE_CACHE (default ~/.cache/gpu-share), GPU_SHARE_IMAGE
 # (default localhost/gpu-share:dev), DEBIAN_MIRROR (default http://deb.debian.org/debian),
@@ -55,13 +58,27 @@ BASE_HASH="$(base_recipe | sha256sum | cut -c1-12)"
 BASE_IMAGE="localhost/debian-bookworm-python:${BASE_HASH}"
 BASE_TAR="${IMAGES_DIR}/debian-bookworm-python-${BASE_HASH}.tar"
 
+HAMI_CORE_DIR="${GPU_SHARE_HAMI_CORE_DIR:-${REPO_ROOT}/../shared/vendor/hami-core}"
+
+# The pinned HAMi-core source into the build context (checked against its SHA256SUMS).
+stage_hami_core() {
+  local dst="${REPO_ROOT}/.build/hami-core"
+  [[ -f "${HAMI_CORE_DIR}/SHA256SUMS" ]] || die "no HAMi-core source at ${HAMI_CORE_DIR}"
+  (cd "${HAMI_CORE_DIR}" && sha256sum --quiet -c SHA256SUMS) ||
+    die "HAMi-core tarball in ${HAMI_CORE_DIR} does not match its SHA256SUMS"
+  rm -rf "${dst}"
+  mkdir -p "${dst}"
+  cp "${HAMI_CORE_DIR}"/*.tar.gz "${HAMI_CORE_DIR}/SHA256SUMS" "${HAMI_CORE_DIR}/LICENSE" "${dst}/"
+}
+
 # Hash of the image's inputs: the files the Dockerfile copies (see .dockerignore), the
 # Dockerfile itself and the base recipe.
 source_hash() {
   (
     cd "${REPO_ROOT}"
     echo "base ${BASE_HASH}"
-    find Dockerfile .dockerignore pyproject.toml README.md src -type f \
+    find Dockerfile .dockerignore pyproject.toml README.md src .build/hami-core \
+      hack/build-enforcement.sh hack/lib/common.sh -type f \
       ! -path '*/__pycache__/*' ! -name '*.pyc' ! -path '*.egg-info/*' -print0 |
       LC_ALL=C sort -z | xargs -0 sha256sum
   ) | sha256sum | cut -c1-12
@@ -173,12 +190,13 @@ main() {
   local do_import=1
   case "${1:-}" in
     --no-import) do_import=0 ;;
-    --print-tar) echo "${IMAGES_DIR}/gpu-share-$(source_hash).tar"; return 0 ;;
+    --print-tar) stage_hami_core; echo "${IMAGES_DIR}/gpu-share-$(source_hash).tar"; return 0 ;;
     --import-tar) import_image "${2:?usage: $0 --import-tar TAR}"; echo "$2"; return 0 ;;
     "") ;;
     *) sed -n '2,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2 ;;
   esac
   mkdir -p "${IMAGES_DIR}"
+  stage_hami_core
   local start=$SECONDS hash tar
   hash="$(source_hash)"
   tar="${IMAGES_DIR}/gpu-share-${hash}.tar"

@@ -3,7 +3,9 @@
  * interposer such as HAMi-core sees the same lookups as from a real framework), gets
  * cuInit and cuGetProcAddress with dlsym and everything else through cuGetProcAddress,
  * allocates chunk by chunk until refused (or a target), launches kernels back to back,
- * frees, and prints one JSON object on stdout. Diagnostics go to stderr. */
+ * frees, and prints one JSON object on stdout. Diagnostics go to stderr.
+ * The kernel is real PTX (below), so the same program runs on an NVIDIA driver, which
+ * JIT-compiles it for the GPU at hand; the stand-in driver accepts any image. */
 #define _GNU_SOURCE
 #include <cuda.h>
 
@@ -17,7 +19,7 @@
 
 typedef struct {
     int device;
-    long chunk_mib, target_mib, max_chunks, grid;
+    long chunk_mib, target_mib, max_chunks, grid, spin;
     double launch_s, hold_s;
 } opts_t;
 
@@ -64,6 +66,53 @@ static const struct { const char *base, *symbol; void **slot; } g_syms[] = {
     {"cuLaunchKernel", "cuLaunchKernel", (void **)&cu.LaunchKernel},
     {"cuStreamSynchronize", "cuStreamSynchronize", (void **)&cu.StreamSynchronize},
 };
+
+/* The kernel, in PTX as any CUDA 11+ driver JIT-compiles it for sm_70 and later (H100's
+ * sm_90 included): spin(out, iters). Each thread steps a linear congruential generator
+ * `iters` times from its global index; thread 0 of block 0 (and any thread whose value
+ * happens to hit a constant) stores its value to *out when out is not 0. Every thread's
+ * result decides whether it stores, so the compiler keeps every thread's loop. */
+static const char g_spin_ptx[] =
+    ".version 7.0\n"
+    ".target sm_70\n"
+    ".address_size 64\n"
+    "\n"
+    ".visible .entry spin(\n"
+    "    .param .u64 spin_out,\n"
+    "    .param .u32 spin_iters\n"
+    ")\n"
+    "{\n"
+    "    .reg .pred %p<6>;\n"
+    "    .reg .b32 %r<8>;\n"
+    "    .reg .b64 %rd<3>;\n"
+    "\n"
+    "    ld.param.u64 %rd1, [spin_out];\n"
+    "    ld.param.u32 %r1, [spin_iters];\n"
+    "    mov.u32 %r2, %tid.x;\n"
+    "    mov.u32 %r3, %ctaid.x;\n"
+    "    mov.u32 %r4, %ntid.x;\n"
+    "    mad.lo.u32 %r5, %r3, %r4, %r2;\n"
+    "    mov.u32 %r6, 0;\n"
+    "    setp.eq.u32 %p1, %r1, 0;\n"
+    "    @%p1 bra $L_done;\n"
+    "$L_loop:\n"
+    "    mad.lo.u32 %r5, %r5, 1664525, 1013904223;\n"
+    "    add.u32 %r6, %r6, 1;\n"
+    "    setp.lt.u32 %p1, %r6, %r1;\n"
+    "    @%p1 bra $L_loop;\n"
+    "$L_done:\n"
+    "    or.b32 %r7, %r2, %r3;\n"
+    "    setp.eq.u32 %p2, %r7, 0;\n"
+    "    setp.eq.u32 %p3, %r5, 1592090350;\n"
+    "    or.pred %p4, %p2, %p3;\n"
+    "    setp.ne.u64 %p5, %rd1, 0;\n"
+    "    and.pred %p4, %p4, %p5;\n"
+    "    @!%p4 bra $L_end;\n"
+    "    cvta.to.global.u64 %rd2, %rd1;\n"
+    "    st.global.u32 [%rd2], %r5;\n"
+    "$L_end:\n"
+    "    ret;\n"
+    "}\n";
 
 static double now_s(void)
 {
@@ -148,7 +197,8 @@ static int fail_init(const opts_t *o, result_t *r, const char *what)
 static void usage(void)
 {
     fputs("usage: gpu-workload [--device N] [--chunk-mib M] [--target-mib T] [--max-chunks K]\n"
-          "                    [--launch-seconds S] [--hold-seconds H] [--grid G]\n", stderr);
+          "                    [--launch-seconds S] [--hold-seconds H] [--grid G] [--spin N]\n",
+          stderr);
     exit(2);
 }
 
@@ -163,7 +213,7 @@ static double num(const char *v, double lo)
 
 static void parse(int argc, char **argv, opts_t *o)
 {
-    *o = (opts_t){0, 256, 0, 100000, 16384, 0, 0};
+    *o = (opts_t){0, 256, 0, 100000, 16384, 2000, 0, 0};
     for (int i = 1; i < argc; i++) {
         char *a = argv[i], *v = strchr(a, '=');
         if (strncmp(a, "--", 2) != 0)
@@ -179,8 +229,11 @@ static void parse(int argc, char **argv, opts_t *o)
         else if (!strcmp(a, "--launch-seconds")) o->launch_s = num(v, 0);
         else if (!strcmp(a, "--hold-seconds")) o->hold_s = num(v, 0);
         else if (!strcmp(a, "--grid")) o->grid = (long)num(v, 1);
+        else if (!strcmp(a, "--spin")) o->spin = (long)num(v, 0);  /* a .u32 parameter */
         else usage();
     }
+    if (o->spin > 0xffffffffL)
+        usage();
 }
 
 /* ---- the run ---------------------------------------------------------------------- */
@@ -227,16 +280,17 @@ static CUdeviceptr *allocate(const opts_t *o, result_t *r)
     return ptrs;
 }
 
-static void launch(const opts_t *o, result_t *r, CUdeviceptr arg)
+/* out: where the kernel stores its word (0: nowhere). */
+static void launch(const opts_t *o, result_t *r, CUdeviceptr out)
 {
-    static const char image[] = "gpu-share stand-in kernel image";
     CUmodule mod = NULL;
     CUfunction fn;
-    CUresult rc = cu.ModuleLoadData(&mod, image);
+    unsigned int iters = (unsigned int)o->spin;
+    CUresult rc = cu.ModuleLoadData(&mod, g_spin_ptx);
     if (rc == CUDA_SUCCESS)
         rc = cu.ModuleGetFunction(&fn, mod, "spin");
     double t0 = now_s();
-    void *params[] = {&arg};
+    void *params[] = {&out, &iters};
     while (rc == CUDA_SUCCESS && now_s() - t0 < o->launch_s) {
         rc = cu.LaunchKernel(fn, (unsigned)o->grid, 1, 1, 256, 1, 1, 0, NULL, params, NULL);
         if (rc == CUDA_SUCCESS)

@@ -72,7 +72,7 @@ def _same_machine(lib: bytes, own: bytes) -> str | None:
     return None
 
 
-def _sha256(path: str) -> str:
+def sha256_of(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(1 << 20):
@@ -102,7 +102,7 @@ def check_hami_core(runtime: RuntimeConfig, own_elf: Callable[[], bytes] = _own_
         want = _read_small(lib + CHECKSUM_SUFFIX, 256).split()
         if not want or not _SHA256.fullmatch(want[0]):
             problems.append(f"checksum file {lib}{CHECKSUM_SUFFIX} holds no sha256")
-        elif _sha256(lib) != want[0]:
+        elif sha256_of(lib) != want[0]:
             problems.append(f"library {lib} does not match its checksum")
     except OSError as exc:
         problems.append(f"library {lib} or its checksum unreadable ({exc.strerror})")

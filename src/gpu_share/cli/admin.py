@@ -9,6 +9,9 @@
     gpu-share fault set FILE ID...      mark dummy devices unhealthy (fault file)
     gpu-share fault clear FILE          clear every dummy fault
     gpu-share slices --node NODE        table of which container holds which device slice
+    gpu-share install-hami-core --config FILE [--source DIR]
+                                        put the image's HAMi-core on the node where the
+                                        pool's config says (the chart's init container)
 """
 
 from __future__ import annotations
@@ -118,6 +121,11 @@ def _slices(node: str, kubeconfig: str | None, domain: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["install-hami-core"]:
+        from gpu_share.cli.install_hami_core import main as install_main
+
+        return install_main(argv[1:])
     parser = argparse.ArgumentParser(prog="gpu-share", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)

@@ -1,0 +1,87 @@
+"""hack/gpu-proof.sh against the stand-in driver: ``prepare`` gathers what a GPU machine
+needs into .gpu-proof/, ``run --standin`` goes through every step, writes its report and
+raw records, and says plainly that nothing was proven on hardware."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from tests.enforcement.conftest import Built
+from tests.harness.env import REPO
+
+SCRIPT = REPO / "hack" / "gpu-proof.sh"
+BANNER = "NOTHING PROVEN ON HARDWARE: stand-in driver"
+
+
+def _env() -> dict[str, str]:
+    """This process's env less what would steer the driver or HAMi-core."""
+    drop = ("GPU_SHARE_STANDIN_", "CUDA_", "GPU_PROOF_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    for k in ("LD_PRELOAD", "LD_LIBRARY_PATH", "OUT"):
+        env.pop(k, None)
+    return env
+
+
+def _bash(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=_env(),
+        cwd=REPO,
+    )
+
+
+def test_prepare_then_run_standin_reports_every_step(built: Built, tmp_path: Path) -> None:
+    prep = _bash("prepare", timeout=900)
+    assert prep.returncode == 0, prep.stderr[-3000:]
+    proof = Path(prep.stdout.split("proof_dir=", 1)[1].strip())
+    assert (proof / "hami-core" / "libvgpu.so").is_file()
+    assert (proof / "hami-core" / "LICENSE").is_file()
+    assert os.access(proof / "bin" / "gpu-workload", os.X_OK)
+    assert list((proof / "wheels").glob("nvidia_ml_py-*.whl"))
+    carried = sum(
+        p.stat().st_size
+        for p in proof.rglob("*")
+        if p.is_file() and "out" not in p.relative_to(proof).parts
+    )
+    assert carried < 48 << 20, f"{proof} holds {carried} bytes: too much to carry"
+
+    out = tmp_path / "out"
+    run = _bash("run", "--standin", "--out", str(out), timeout=240)
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = (out / "report.md").read_text()
+    assert report.splitlines()[0] == BANNER
+    assert run.stdout.splitlines()[0] == BANNER  # the report is printed too
+
+    records = [json.loads(ln) for ln in (out / "results.jsonl").read_text().splitlines()]
+    verdicts: dict[str, dict[str, Any]] = {r["step"]: r for r in records if "verdict" in r}
+    assert set(verdicts) == {"discovery", "health", "hami-memory", "hami-sm", "mps", "driver"}
+
+    disc = verdicts["discovery"]
+    assert disc["verdict"] == "PASS", disc
+    assert [m for _, m in disc["seen"]] == [16384, 16384]
+
+    mem = verdicts["hami-memory"]
+    assert mem["verdict"] == "PASS", mem
+    assert (mem["allocated_mib"], mem["refused_error"]) == (4096, "CUDA_ERROR_OUT_OF_MEMORY")
+    assert mem["control_allocated_mib"] == 8192
+    row = next(ln for ln in report.splitlines() if "| HAMi-core memory limit |" in ln)
+    assert "| PASS |" in row and "4096 MiB allocated" in row, row
+
+    # Every run of the SM step ran (its figures depend on this machine's load: not judged).
+    sm_runs = [r for r in records if r.get("step") == "hami-sm" and "rc" in r]
+    assert [r["case"] for r in sm_runs] == [
+        "baseline",
+        "sm-100",
+        "sm-60",
+        "sm-30",
+        "baseline-after",
+    ]
+    assert all(r["rc"] == 0 and r["result"]["launches"] > 0 for r in sm_runs), sm_runs
+    assert verdicts["mps"]["verdict"] in ("SKIP", "PASS", "FAIL")
