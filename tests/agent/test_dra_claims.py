@@ -17,8 +17,9 @@ import pytest
 
 from gpu_share.agent.dra_claims import CHECKPOINT_FILE, DraClaimPreparer
 from gpu_share.agent.dra_ports import ClaimPreparer, ClaimRef
+from gpu_share.agent.enforcement import EnforcementStatus
 from gpu_share.agent.response import build_allocate_spec
-from gpu_share.config.model import AgentConfig
+from gpu_share.config.model import AgentConfig, EnforcementMode
 from gpu_share.devices.dummy import DummyBackend
 from gpu_share.errors import KubeAccessError
 from gpu_share.kube.resourceclaims import ClaimNotFoundError
@@ -377,3 +378,41 @@ def test_a_holder_still_allocated_keeps_its_capacity_and_a_restart_rechecks(
     again = preparer(tmp_path, src)  # restarted: the old claim comes from the checkpoint
     assert again.prepare([new])[UID2].error == ""
     assert set(again.prepared()) == {UID, UID2}
+
+
+def test_no_new_claim_while_the_node_cannot_enforce_but_prepared_ones_stay(
+    tmp_path: Path,
+) -> None:
+    """The pool's enforcement is checked (agent/enforcement.py); while it is unavailable
+    a new claim is refused with the reason, and a claim prepared before is answered."""
+    src = Claims()
+    first = src.add(claim(result("gpu-0", consumedCapacity=SHARED)))
+    second = src.add(claim(result("gpu-1", consumedCapacity=SHARED)), name="d", uid=UID2)
+    cfg = config(tmp_path, enforcement="hami-core")
+    backend = DummyBackend(cfg.dummy, NODE)
+    inv = Inventory.from_devices(backend.devices(), cfg.memory_unit_mib)
+    status = [EnforcementStatus(EnforcementMode.HAMI_CORE)]
+    p = DraClaimPreparer(cfg, src, lambda: inv, backend.naming(),
+                         enforcement=lambda: status[0])
+    assert p.prepare([first])[UID].error == ""
+    status[0] = EnforcementStatus(EnforcementMode.HAMI_CORE, ("library /x missing",))
+    err = p.prepare([second])[UID2].error
+    assert "enforcement 'hami-core' unavailable: library /x missing" in err
+    assert p.prepare([first])[UID].error == ""  # kubelet restart: answered again
+    status[0] = EnforcementStatus(EnforcementMode.HAMI_CORE)
+    assert p.prepare([second])[UID2].error == ""
+
+
+def test_a_cordoned_device_takes_no_new_claim_whatever_the_taint_gate(tmp_path: Path) -> None:
+    """The API server drops the cordon's slice taint without the DRADeviceTaints gate, so
+    the scheduler may allocate a cordoned device: prepare refuses it."""
+    src = Claims()
+    ref = src.add(claim(result("gpu-2", consumedCapacity=SHARED)))
+    cfg = config(tmp_path)
+    backend = DummyBackend(cfg.dummy, NODE)
+    devs = backend.devices()
+    inv = Inventory.from_devices(devs, cfg.memory_unit_mib).with_cordons([devs[2].uuid])
+    p = DraClaimPreparer(cfg, src, lambda: inv, backend.naming())
+    err = p.prepare([ref])[UID].error
+    assert "gpu-2" in err and "cordoned" in err
+    assert p.prepared() == {}

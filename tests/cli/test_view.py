@@ -4,6 +4,8 @@ extender's own filter and prioritize (its reason texts)."""
 
 from __future__ import annotations
 
+import json
+
 from gpu_share.cli.kubectl_view import (
     DEFAULT_WORKLOAD,
     Settings,
@@ -17,7 +19,7 @@ from gpu_share.cli.kubectl_view import (
     probe_pod,
     slice_rows,
 )
-from gpu_share.sharing.annotations import inventory_key
+from gpu_share.sharing.annotations import enforcement_key, inventory_key
 from gpu_share.sharing.decision import ContainerDecision, Decision, decision_key, sign
 from gpu_share.sharing.model import ContainerRequest
 from gpu_share.sharing.placement import DeviceSlot
@@ -191,3 +193,24 @@ def test_a_thousand_nodes_are_quick() -> None:
     res = _fit(snap, 6, 30)
     assert len(res.fits) + len(res.failed) == n
     assert time.perf_counter() - t0 < 20  # ~1 s unloaded
+
+
+def test_a_node_that_cannot_enforce_says_why_in_nodes_and_fit() -> None:
+    """The agent holds every device back (cordoned in its inventory) and says why in its
+    enforcement annotation: `nodes` reports it, `fit` gives the extender's reason."""
+    obj = node_obj("n", [(16, 0, 0, True)])
+    obj["metadata"]["annotations"][enforcement_key(DOMAIN)] = json.dumps(
+        {"mode": "hami-core", "ready": False,
+         "problems": ["library /usr/local/vgpu/libvgpu.so missing (No such file)"]})
+    snap = Snapshot.from_lists([obj], [], S)
+    (line,) = node_problems(snap)
+    assert line == ("node n: enforcement 'hami-core' unavailable: library "
+                    "/usr/local/vgpu/libvgpu.so missing (No such file)")
+    res = _fit(snap, 4, 30)
+    assert not res.fits
+    assert "no new slice on this node: enforcement 'hami-core' unavailable" in res.failed["n"]
+    # Ready again: nothing to say, the node fits.
+    obj["metadata"]["annotations"][enforcement_key(DOMAIN)] = json.dumps(
+        {"mode": "hami-core", "ready": True, "problems": []})
+    snap = Snapshot.from_lists([obj], [], S)
+    assert node_problems(snap) == [] and [f.node for f in _fit(snap, 4, 30).fits] == ["n"]

@@ -47,3 +47,17 @@ def test_the_env_reader_takes_only_the_responses_own_form() -> None:
                 {"CUDA_DEVICE_SM_LIMIT": "x"}, {"CUDA_DEVICE_SM_LIMIT": "-1"}):
         with pytest.raises(ValueError):
             h.limits_from_env(bad)
+
+
+def test_the_enforcement_annotation_explains_only_a_node_that_cannot_enforce() -> None:
+    from gpu_share.sharing.annotations import enforcement_problem
+
+    assert enforcement_problem(None) == "" and enforcement_problem("{not json") == ""
+    assert enforcement_problem('{"mode":"mps","ready":true,"problems":[]}') == ""
+    assert enforcement_problem('["ready", false]') == ""
+    assert enforcement_problem('{"mode":"mps","ready":false,"problems":["no daemon"]}') == (
+        "enforcement 'mps' unavailable: no daemon")
+    assert enforcement_problem('{"mode":"mps","ready":false,"problems":7}') == (
+        "enforcement 'mps' unavailable: no reason given")
+    long = '{"mode":"m","ready":false,"problems":["' + "x" * 1000 + '"]}'
+    assert len(enforcement_problem(long)) < 400

@@ -40,6 +40,7 @@ from typing import Any, Protocol
 
 from gpu_share.agent.cdi import SPEC_MODE
 from gpu_share.agent.dra_ports import ClaimRef, PreparedDevice, PrepareResult
+from gpu_share.agent.enforcement import EnforcementStatus
 from gpu_share.agent.files import write_atomic
 from gpu_share.agent.hostdirs import HostDirs, seed_region
 from gpu_share.agent.response import build
@@ -191,6 +192,7 @@ class DraClaimPreparer:
         *,
         host_dirs: HostDirs | None = None,
         wall_clock: Callable[[], float] = time.time,
+        enforcement: Callable[[], EnforcementStatus] | None = None,
     ) -> None:
         self.cfg = cfg
         self.driver = cfg.dra.driver_name
@@ -202,6 +204,7 @@ class DraClaimPreparer:
         self._naming = naming
         self._host_dirs = host_dirs
         self._wall = wall_clock
+        self._enforcement = enforcement  # None: not checked (tests of the claim path)
         self._lock = threading.Lock()  # _claims and the checkpoint file
         self._stripes = [threading.Lock() for _ in range(LOCK_STRIPES)]
         self._claims: dict[str, _Prepared] = self._load()
@@ -247,6 +250,9 @@ class DraClaimPreparer:
                 return PrepareResult(error=f"claim {ref.namespace}/{ref.name}: {exc}")
 
     def _prepare_new(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
+        status = self._enforcement() if self._enforcement is not None else None
+        if status is not None and not status.ready:  # prepared claims stay, no new one
+            raise ClaimError(status.describe(), ClaimReason.ENFORCEMENT_UNAVAILABLE)
         obj = self._source.get_claim(ref.namespace, ref.name)
         inv = self._inventory()
         claim = parse_claim(obj, uid=ref.uid, driver=self.driver, pool=self.pool,

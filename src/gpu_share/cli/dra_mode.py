@@ -50,7 +50,8 @@ class DraFrontEnd:
         self._loops = loops
         driver = cfg.dra.driver_name
         self.claims = KubeClaimReader(api)
-        preparer = DraClaimPreparer(cfg, self.claims, self._inventory, backend.naming())
+        preparer = DraClaimPreparer(cfg, self.claims, self._inventory, backend.naming(),
+                                    enforcement=lambda: agent.enforcement)
         self.server = DraPluginServer(
             driver, preparer,
             plugin_dir=cfg.dra.plugin_dir, registration_dir=cfg.dra.registration_dir,

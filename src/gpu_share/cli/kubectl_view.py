@@ -22,6 +22,8 @@ from gpu_share.sharing.annotations import (
     InventoryAnnotation,
     PodAssignment,
     assignment_key,
+    enforcement_key,
+    enforcement_problem,
     inventory_key,
 )
 from gpu_share.sharing.cordon import Cordon, scan_cordons
@@ -74,6 +76,7 @@ class NodeInfo:
     # Cordons by device uuid, as the annotations say (the agent's inventory says
     # whether it honours them: ``cordoned``).
     cordons: Mapping[str, Cordon] = field(default_factory=dict)
+    unavailable: str = ""  # why the agent takes no new slice (its enforcement)
 
 
 @dataclass(frozen=True)
@@ -111,7 +114,10 @@ def _node_info(obj: Mapping[str, Any], s: Settings) -> NodeInfo:
         {k: v for k, v in (meta.get("annotations") or {}).items() if isinstance(v, str)},
         s.domain, {d.id for d in inv.devices} if inv is not None else (),
     ).cordons
-    return NodeInfo(name, dict(meta.get("labels") or {}), inv, problem, cpu, mem, cordons)
+    unavailable = enforcement_problem(
+        (meta.get("annotations") or {}).get(enforcement_key(s.domain)))
+    return NodeInfo(name, dict(meta.get("labels") or {}), inv, problem, cpu, mem, cordons,
+                    unavailable)
 
 
 def _pod_info(obj: Mapping[str, Any], s: Settings) -> PodInfo:
@@ -177,6 +183,7 @@ class Snapshot:
             self.usages(node).values(),
             node_model(info.labels, self.settings.model_label,
                        info.inventory.devices[0].model if info.inventory.devices else ""),
+            info.unavailable,
         )
         # Every bound pod, ours or not, takes host CPU/memory.
         on = self.pods_on(node)
@@ -264,7 +271,8 @@ def node_rows(snap: Snapshot, *, unhealthy_only: bool = False,
 
 
 def node_problems(snap: Snapshot) -> list[str]:
-    return [f"node {n.name}: {n.problem}" for n in snap.nodes.values() if n.problem]
+    return [f"node {n.name}: {why}" for n in snap.nodes.values()
+            for why in (n.problem, n.unavailable) if why]
 
 
 # ---------------------------------------------------------------- pods

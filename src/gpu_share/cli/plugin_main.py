@@ -383,7 +383,7 @@ class _Node:
             lambda: DraFrontEnd(self.cfg, agent, backend, self.metrics, self.loops),
             self.stop, name="dra-start",
         )
-        self._serve_http(lambda: dra.registered)
+        self._serve_http(lambda: agent.enforcement.ready and dra.registered)
         dra.start()
 
     def _serve_http(self, ready: Callable[[], bool]) -> None:

@@ -36,6 +36,8 @@ from gpu_share.sharing.annotations import (
     AnnotationError,
     InventoryAnnotation,
     assignment_key,
+    enforcement_key,
+    enforcement_problem,
     inventory_key,
     verify_assignment,
 )
@@ -96,6 +98,7 @@ class KubeClusterView:
         self._default = default_workload
         self._model_label = model_label  # node label naming the GPU model (model_req)
         self._model: dict[str, str] = {}  # node -> its model as requirements name it
+        self._unavailable: dict[str, str] = {}  # node -> why it takes no new slice
         self._t = timeouts or KubeTimeouts()
         self._clock = clock
         self._lock = threading.Lock()
@@ -179,7 +182,8 @@ class KubeClusterView:
                 usages.append(u)
                 if uid not in on_node:
                     cpu_used, mem_used = cpu_used + c, mem_used + m
-        slots = node_slots(inv, usages, self._model.get(name))
+        slots = node_slots(inv, usages, self._model.get(name),
+                           self._unavailable.get(name, ""))
         cpu, mem = self._alloc.get(name, (None, None))
         out = replace(
             slots,
@@ -362,11 +366,14 @@ class KubeClusterView:
                 self._nodes.pop(name, None)
                 self._alloc.pop(name, None)
                 self._model.pop(name, None)
+                self._unavailable.pop(name, None)
             else:
                 self._nodes[name] = inv
                 self._alloc[name] = _allocatable(obj)
                 first = inv.devices[0].model if inv.devices else ""
                 self._model[name] = node_model(meta.get("labels"), self._model_label, first)
+                self._unavailable[name] = enforcement_problem(
+                    (meta.get("annotations") or {}).get(enforcement_key(self._domain)))
 
     def _apply_pod(self, etype: str, obj: Mapping[str, Any]) -> None:
         uid = str((obj.get("metadata") or {}).get("uid", ""))

@@ -59,6 +59,24 @@ def enforcement_key(domain: str) -> str:
     return f"gpu-share.{domain}/enforcement"
 
 
+def enforcement_problem(text: str | None) -> str:
+    """Why the node cannot enforce its mode, from its enforcement annotation; "" when it
+    can, or when the annotation is absent or unreadable (its devices are held back in
+    the inventory either way: this only explains)."""
+    if not text or len(text) > 16_384:
+        return ""
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return ""
+    if not isinstance(doc, dict) or doc.get("ready") is not False:
+        return ""
+    mode = str(doc.get("mode", ""))[:40]
+    problems = doc.get("problems")
+    said = "; ".join(str(p)[:300] for p in problems[:8]) if isinstance(problems, list) else ""
+    return f"enforcement {mode!r} unavailable: {said or 'no reason given'}"
+
+
 def assignment_key(domain: str) -> str:
     return f"gpu-share.{domain}/assignment"
 

@@ -54,6 +54,9 @@ class ClaimReason(StrEnum):
     WRONG_POOL = "ClaimWrongPool"
     UNKNOWN_DEVICE = "UnknownDevice"
     DEVICE_UNHEALTHY = "DeviceUnhealthy"
+    DEVICE_CORDONED = "DeviceCordoned"
+    # The node cannot enforce its pool's mode now (agent/enforcement.py).
+    ENFORCEMENT_UNAVAILABLE = "EnforcementUnavailable"
     BAD_CAPACITY = "ClaimBadCapacity"
     BAD_CONFIG = "ClaimBadConfig"
     # With the claims already prepared on this node, a device would be over-committed
@@ -258,6 +261,9 @@ def _device(name: str, inventory: Inventory, where: str) -> DeviceCapacity:
     if not dev.healthy:
         raise ClaimError(f"{where}: device {name} ({dev.uuid}) is unhealthy",
                          ClaimReason.DEVICE_UNHEALTHY)
+    if inventory.is_cordoned(dev.uuid):  # whatever the DRADeviceTaints gate did
+        raise ClaimError(f"{where}: device {name} ({dev.uuid}) is cordoned: no new slice "
+                         "lands on it", ClaimReason.DEVICE_CORDONED)
     return dev
 
 

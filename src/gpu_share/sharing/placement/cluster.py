@@ -48,6 +48,9 @@ def _short(text: str, limit: int = 100) -> str:
 
 def host_nofit(node: NodeSlots, pod: PodDemand) -> NoFit | None:
     """Why the node's device model or host resources rule the pod out, or None."""
+    if node.unavailable:
+        return NoFit(node.name, f"no new slice on this node: {node.unavailable}",
+                     NoFitCause.ENFORCEMENT)
     if not pod.models.allows(node.model):
         return NoFit(
             node.name,
@@ -209,6 +212,7 @@ def node_key(node: NodeSlots) -> Hashable:
         node.cpu_total,
         node.host_memory_total,
         node.held,
+        node.unavailable,
     )
 
 

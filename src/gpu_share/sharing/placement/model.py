@@ -61,6 +61,8 @@ class NodeSlots:
     cpu_total: int | None = None
     host_memory_total: int | None = None
     held: frozenset[tuple[tuple[int, int], ...]] = frozenset()
+    # Why no new slice lands on the node at all (its agent cannot enforce); "" = none.
+    unavailable: str = ""
 
     @cached_property  # the object is frozen: built once, read per key and per evaluation
     def state(self) -> StateKey:
@@ -117,6 +119,7 @@ class NoFitCause(StrEnum):
     CPU = "Cpu"
     MEMORY = "Memory"
     NO_INVENTORY = "NoInventory"
+    ENFORCEMENT = "Enforcement"  # the node's agent cannot enforce its pool's mode
 
 
 @dataclass(frozen=True)

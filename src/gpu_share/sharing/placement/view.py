@@ -59,10 +59,14 @@ def pod_usage(
 
 
 def node_slots(
-    inventory: InventoryAnnotation, usages: Iterable[Usage], model: str | None = None
+    inventory: InventoryAnnotation,
+    usages: Iterable[Usage],
+    model: str | None = None,
+    unavailable: str = "",
 ) -> NodeSlots:
     """``model``: the node's GPU model as requirements name it (its product label, see
-    ``sharing.model_req.node_model``); default: the inventory's model in label form."""
+    ``sharing.model_req.node_model``); default: the inventory's model in label form.
+    ``unavailable``: why the node takes no new slice (``annotations.enforcement_problem``)."""
     held: Usage = {}
     for u in usages:
         for dev, (m, c) in u.items():
@@ -94,4 +98,5 @@ def node_slots(
             if model is not None
             else label_form(inventory.devices[0].model if inventory.devices else "")
         ),
+        unavailable=unavailable,
     )
