@@ -1,6 +1,8 @@
-"""Threads and RSS of the HTTP servers under idle, half-sent and stalled-upload clients.
+"""Threads and RSS of the HTTP servers under idle, half-sent and stalled-upload clients,
+and the probes' answer times while slow bodies trickle in.
 
     python bench/http_limits.py [--idle 300] [--half 400] [--uploads 8] [--upload-mib 60]
+                                [--slow 48] [--slow-length 1000 200000] [--slow-seconds 12]
 
 Starts the extender (fake view and binder) and the agent's metrics endpoint in child
 processes on 127.0.0.1 and reads their ``Threads`` and ``VmRSS`` from ``/proc``:
@@ -8,6 +10,11 @@ processes on 127.0.0.1 and reads their ``Threads`` and ``VmRSS`` from ``/proc``:
 2. ``--half`` requests to ``/metrics`` that stop in the middle of the headers;
 3. ``--uploads`` POSTs to ``/filter`` announcing ``--upload-mib`` MiB and sending all but
    the last byte, then stalling.
+4. ``--slow`` connections to the DRA webhook (8 workers, 5 s read timeout) that each send
+   a whole head announcing ``--slow-length`` body bytes and then one body byte every
+   ``--slow-interval`` seconds, reopened (head again) whenever the server closes them; once
+   without and once with ``Expect: 100-continue``. Meanwhile a fresh client times
+   ``/healthz`` every second for ``--slow-seconds``: a kubelet probe has 1 s.
 After each step it also times one normal request. Issue 11 figures (before): 300 idle
 connections held 309 threads; 400 half-sent requests 417; 8 stalled 60 MiB uploads took
 RSS from 32 to 273 MiB.
@@ -19,6 +26,7 @@ import argparse
 import contextlib
 import json
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -46,7 +54,16 @@ class View:
 class Binder:
     def annotate_and_bind(self, *a): pass
 
-if sys.argv[1] == "extender":
+if sys.argv[1] == "webhook":
+    from gpu_share.sharing.claim_translation import TranslationSettings
+    from gpu_share.webhook.http import make_server as webhook_server
+    from gpu_share.webhook.review import Mutator
+    names = ResourceNames("vendor.com/vcuda-memory", "vendor.com/vcuda-core")
+    mutator = Mutator(TranslationSettings(names, 1024), lambda bodies, deadline: None)
+    srv = webhook_server(mutator, "127.0.0.1", 0, ssl_context=None)
+    srv.start()
+    port = srv.server_address[1]
+elif sys.argv[1] == "extender":
     names = ResourceNames("vendor.com/vcuda-memory", "vendor.com/vcuda-core")
     ext = Extender(ExtenderSettings(names, "vendor.com", b"k" * 32), View(), Binder(),
                    lambda v: make_policy("fgd", v.workload()))
@@ -191,17 +208,121 @@ def uploads(n: int, mib: int) -> None:
         child.close()
 
 
+class Trickler:
+    """``n`` connections, each a head announcing ``length`` body bytes, then one body byte
+    per ``tick()``; a connection the server closed (or answered) is opened again."""
+
+    def __init__(self, port: int, n: int, length: int, expect: bool) -> None:
+        self.port = port
+        expect_line = "Expect: 100-continue\r\n" if expect else ""
+        self.head = (f"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     f"{expect_line}Content-Length: {length}\r\n\r\n").encode()
+        self.socks: list[socket.socket | None] = [None] * n
+        self.reopened = 0
+        self.answers: dict[str, int] = {}
+
+    def _open(self, i: int) -> None:
+        old = self.socks[i]
+        if old is not None:
+            old.close()
+            self.reopened += 1
+        try:
+            s = connect(self.port)
+            s.sendall(self.head)
+            self.socks[i] = s
+        except OSError:
+            self.socks[i] = None
+
+    def _ended(self, s: socket.socket) -> bool:
+        """Whether the server answered or closed ``s`` (the answer's status is counted)."""
+        if not select.select([s], [], [], 0)[0]:
+            return False
+        try:
+            data = s.recv(4096)
+        except OSError:
+            return True
+        if data.startswith(b"HTTP/1.1 100 "):
+            return False
+        if data:
+            status = data.split(b" ", 2)[1].decode(errors="replace")
+            self.answers[status] = self.answers.get(status, 0) + 1
+        return True
+
+    def tick(self) -> None:
+        for i, s in enumerate(self.socks):
+            if s is None or self._ended(s):
+                self._open(i)
+                continue
+            try:
+                s.send(b" ")
+            except OSError:
+                self._open(i)
+
+    def close(self) -> None:
+        for s in self.socks:
+            if s is not None:
+                s.close()
+
+
+def probe(url: str, timeout_s: float) -> float | None:
+    """Seconds a GET of ``url`` took to answer 200, None when it did not in ``timeout_s``."""
+    t0 = time.monotonic()
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as r:
+            r.read()
+            return time.monotonic() - t0 if r.status == 200 else None
+    except OSError:
+        return None
+
+
+def slow_bodies(n: int, length: int, expect: bool, interval_s: float, seconds: float) -> None:
+    child = Child("webhook")
+    url = f"http://127.0.0.1:{child.port}/healthz"
+    trick = Trickler(child.port, n, length, expect)
+    took: list[float | None] = []
+    try:
+        trick.tick()  # opens them all
+        time.sleep(1)
+        last_tick = time.monotonic()
+        end = last_tick + seconds
+        while time.monotonic() < end:
+            took.append(probe(url, 5))
+            if time.monotonic() - last_tick >= interval_s:
+                trick.tick()
+                last_tick = time.monotonic()
+            time.sleep(max(0.0, 1 - (took[-1] or 5)))
+    finally:
+        trick.close()
+        child.close()
+    answered = sorted(t for t in took if t is not None)
+    within = sum(1 for t in answered if t <= 1)
+    worst = f"{answered[-1]:.2f} s" if answered else "-"
+    print(f"{n} slow bodies of {length} bytes{' (Expect: 100-continue)' if expect else ''}, "
+          f"1 byte per {interval_s:g} s, {seconds:g} s: /healthz answered {len(answered)}/"
+          f"{len(took)} probes, {within} within 1 s, slowest {worst}; slow connections "
+          f"reopened {trick.reopened}, server answers to them {trick.answers or '-'}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--idle", type=int, default=300)
     ap.add_argument("--half", type=int, default=400)
     ap.add_argument("--uploads", type=int, default=8)
     ap.add_argument("--upload-mib", type=int, default=60)
+    ap.add_argument("--slow", type=int, default=48)
+    ap.add_argument("--slow-length", type=int, nargs="+", default=[1000, 200_000])
+    ap.add_argument("--slow-interval", type=float, default=2.0)
+    ap.add_argument("--slow-seconds", type=float, default=12.0)
+    ap.add_argument("--only-slow", action="store_true", help="skip steps 1 to 3")
     a = ap.parse_args()
     os.environ.setdefault("PYTHONPATH", str(ROOT / "src"))
-    idle(a.idle)
-    half_sent(a.half)
-    uploads(a.uploads, a.upload_mib)
+    if not a.only_slow:
+        idle(a.idle)
+        half_sent(a.half)
+        uploads(a.uploads, a.upload_mib)
+    for length in a.slow_length:
+        for expect in (False, True):
+            slow_bodies(a.slow, length, expect, a.slow_interval, a.slow_seconds)
 
 
 if __name__ == "__main__":

@@ -18,8 +18,6 @@ bash hack/install-tools.sh
 echo "== promtool (metrics lint, alert rule tests; cached)"
 bash hack/build-promtool.sh || echo "promtool not built: its tests skip (fail where GPU_SHARE_REQUIRE_CLUSTER=1)"
 bash hack/build-kwok.sh || echo "kwok not built: tests/scale skips (fails where GPU_SHARE_REQUIRE_CLUSTER=1)"
-echo "== HAMi-core (pinned source) and the stand-in driver (cached)"
-bash hack/build-enforcement.sh
 
 if [ "$(id -u)" = 0 ]; then
   # Build (or reuse from the cache) what the cluster tests need before pytest runs, so a
@@ -32,6 +30,10 @@ if [ "$(id -u)" = 0 ]; then
     export GPU_SHARE_REQUIRE_CLUSTER=1
   fi
 fi
+
+# After the cluster build, whose package check installs gcc where it is missing.
+echo "== HAMi-core (pinned source) and the stand-in driver (cached)"
+bash hack/build-enforcement.sh
 
 echo "== tests"
 python -m pytest "$@"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import stat
 import threading
 from collections.abc import Mapping
@@ -170,13 +171,60 @@ def test_exclusive_claim_gets_whole_devices(tmp_path: Path) -> None:
     assert len(e["DUMMY_VISIBLE_DEVICES"].split(",")) == 2
 
 
+def _mps_daemon(pipe_dir: Path) -> socket.socket:
+    """What the enforcement check sees of a running MPS control daemon."""
+    pipe_dir.mkdir(parents=True, exist_ok=True)
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(pipe_dir / "control"))
+    s.listen(4)
+    return s
+
+
 def test_opaque_config_picks_mps(tmp_path: Path) -> None:
+    """A tenant's config may raise the pool's mode (none -> mps) where the node runs
+    MPS."""
     src = Claims()
     ref = src.add(claim(result(consumedCapacity=SHARED), config=[opaque({"enforcement": "mps"})]))
-    preparer(tmp_path, src).prepare([ref])
+    with _mps_daemon(tmp_path / "mps"):
+        out = preparer(tmp_path, src, mps={"pipeDir": str(tmp_path / "mps")}).prepare([ref])
+    assert out[UID].error == ""
     e = env(read_spec(tmp_path))
     assert e["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
     assert e["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M"
+
+
+def test_a_tenants_config_cannot_lower_the_pools_mode(tmp_path: Path) -> None:
+    """On a hami-core pool a claim's own config naming "none" would get no limit env and
+    no preload: refused, nothing written. Its class (the admin) may choose it."""
+    src = Claims()
+    ref = src.add(claim(result(consumedCapacity=SHARED),
+                        config=[opaque({"enforcement": "none"})]))
+    out = preparer(tmp_path, src, enforcement="hami-core").prepare([ref])[UID]
+    assert "ClaimEnforcementLowered" not in out.error  # the text says why, not the code
+    assert "asks enforcement 'none', below the 'hami-core' in force" in out.error
+    assert not spec_path(tmp_path).exists() and not (tmp_path / "vgpu" / f"claim_{UID}").exists()
+    # A missing or unknown source is the tenant's too.
+    for cfg in ({"source": "Whatever", "opaque": {"driver": DRIVER,
+                                                  "parameters": {"enforcement": "none"}}},
+                {"opaque": {"driver": DRIVER, "parameters": {"enforcement": "none"}}}):
+        src.add(claim(result(consumedCapacity=SHARED), config=[cfg]))
+        assert "below" in preparer(tmp_path, src, enforcement="hami-core").prepare(
+            [ref])[UID].error
+    # The admin's class config may, and a tenant's config cannot go below the class's.
+    src.add(claim(result(consumedCapacity=SHARED),
+                  config=[opaque({"enforcement": "none"}, source="FromClass")]))
+    assert preparer(tmp_path, src, enforcement="hami-core").prepare([ref])[UID].error == ""
+
+
+def test_a_tenant_cannot_raise_to_a_mode_the_node_cannot_enforce(tmp_path: Path) -> None:
+    """mps asked on a node without the MPS daemon would run with neither HAMi-core nor
+    MPS: refused."""
+    src = Claims()
+    ref = src.add(claim(result(consumedCapacity=SHARED), config=[opaque({"enforcement": "mps"})]))
+    p = preparer(tmp_path, src, enforcement="hami-core", mps={"pipeDir": str(tmp_path / "no")})
+    err = p.prepare([ref])[UID].error
+    assert "enforcement 'mps' unavailable: MPS control daemon not running" in err
+    assert not spec_path(tmp_path).exists()
 
 
 def test_pool_hami_core_gets_a_cache_dir_per_claim(tmp_path: Path) -> None:

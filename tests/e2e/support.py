@@ -462,9 +462,10 @@ def agent_host_pid(kube: Kube) -> int:
     cid = next(
         s["containerID"] for s in p["status"]["containerStatuses"] if s["name"] == "agent"
     ).split("://", 1)[1]
-    out = kube.run(
-        ["ctr", "--address", kube.env["CONTAINERD_ADDRESS"], "-n", "k8s.io", "task", "ls"]
-    ).stdout
+    # The ctr the test command built with containerd (not one that happens to be on PATH).
+    ctr = str(Path(kube.env["CONTAINERD_BIN_DIR"]) / "ctr")
+    out = kube.run([ctr, "--address", kube.env["CONTAINERD_ADDRESS"], "-n", "k8s.io", "task",
+                    "ls"]).stdout
     for line in out.splitlines()[1:]:
         words = line.split()
         if len(words) >= 3 and words[0] == cid and words[2] == "RUNNING":

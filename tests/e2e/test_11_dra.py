@@ -62,6 +62,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 DRIVER = "gpu-share.vendor.com"
 UNIT_MIB = 1024  # the chart's default memoryUnitMiB (the local pool does not change it)
+SETTLE_S = 400  # pods created at once: until every one runs (see _run_pods)
 CDI_DIR = Path("/var/run/cdi")
 NODE_PREFIX = "dummy-npu"
 SETTINGS = TranslationSettings(ResourceNames(MEM, CORE), UNIT_MIB)
@@ -415,7 +416,11 @@ def _run_pods(kube: Kube, ns: str, pods: Mapping[str, PodShape]) -> None:
     shapes = [s for cs, ins in pods.values() for _, s in (*cs, *ins)]
     _apply_templates(kube, ns, shapes)
     kube.apply([_claim_pod(n, ns, cs, ins) for n, (cs, ins) in pods.items()])
-    settled = kube.wait_pods_settled(ns, 150)
+    # On a loaded machine the node authorizer can learn of a pod's claim after the
+    # kubelet first asks for it; the kubelet then retries with a growing back-off (tens
+    # of seconds). The condition is the same (every pod settled, none failed); the bound
+    # leaves room for a few such retries.
+    settled = kube.wait_pods_settled(ns, SETTLE_S)
     bad = {
         p["metadata"]["name"]: kube.events(ns, p["metadata"]["name"])[-3:]
         for p in settled
@@ -462,6 +467,7 @@ MIX_ALL_DEVICES: dict[str, PodShape] = {
 }
 
 
+@pytest.mark.timeout(3 * SETTLE_S + 600)  # three rounds of pods, each may need the bound
 def test_story11c_shapes_and_a_one_device_mix_at_once(dra: DraPool, namespace: str) -> None:
     """Exclusive (cores 100) and cores-only (the whole memory) claims, each alone; then a
     mix of memory-only, both, a two-container pod and an init container created at once:

@@ -39,9 +39,8 @@ def find_binaries() -> tuple[Path | None, Path | None]:
     if etcd:
         etcd_p: Path | None = Path(etcd)
     else:
-        found = sorted(_cache().glob("etcd-v3.6.*/bin/etcd"))
-        which = shutil.which("etcd")
-        etcd_p = found[-1] if found else (Path(which) if which else None)
+        found = sorted(_cache().glob("etcd-v3.6.*/bin/etcd"))  # built by the test command
+        etcd_p = found[-1] if found else None
     return (
         api_p if api_p.is_file() else None,
         etcd_p if etcd_p is not None and etcd_p.is_file() else None,

@@ -8,6 +8,7 @@ disk, idempotency, a restart from the checkpoint, unprepare."""
 from __future__ import annotations
 
 import json
+import socket
 import uuid
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,7 @@ def allocate(rest: RestClient, ns: str, name: str, results: list[dict[str, Any]]
 def cfg(tmp: Path) -> AgentConfig:
     return AgentConfig.model_validate({
         "nodeName": NODE, "backend": "dummy", "dummy": {"deviceCount": 2},
+        "runtime": {"mps": {"pipeDir": str(tmp / "mps")}},
         "dra": {"enabled": True, "pluginDir": str(tmp / "plugin"), "cdiDir": str(tmp / "cdi")},
     })
 
@@ -127,7 +129,12 @@ def test_shared_claim_prepared_from_the_apiserver(
     reader = Counting(rest)
     p = preparer(tmp_path, reader)
     ref = ClaimRef(ns, "shared", uid)
-    out = p.prepare([ref])[uid]
+    # The claim raises the pool's mode to mps: the node must run MPS (its control socket).
+    (tmp_path / "mps").mkdir()
+    with socket.socket(socket.AF_UNIX) as daemon:
+        daemon.bind(str(tmp_path / "mps" / "control"))
+        daemon.listen(4)
+        out = p.prepare([ref])[uid]
     assert out.error == ""
     assert [(d.device, d.pool, d.requests) for d in out.devices] == [("gpu-1", NODE, ("slice",))]
     assert out.devices[0].cdi_device_ids == (f"{DRIVER}/claim={uid}-gpu-1",)

@@ -41,6 +41,7 @@ from typing import Any, Protocol
 from gpu_share.agent.cdi import SPEC_MODE
 from gpu_share.agent.dra_ports import ClaimRef, PreparedDevice, PrepareResult
 from gpu_share.agent.enforcement import EnforcementStatus
+from gpu_share.agent.enforcement import check as check_enforcement
 from gpu_share.agent.files import write_atomic
 from gpu_share.agent.hostdirs import HostDirs, seed_region
 from gpu_share.agent.response import build
@@ -57,6 +58,7 @@ from gpu_share.sharing.dra_claims import (
     claim_cdi_device_id,
     claim_cdi_spec,
     claim_spec_file_name,
+    enforcement_for,
     over_capacity,
     parse_claim,
 )
@@ -365,9 +367,17 @@ class DraClaimPreparer:
         return prepared.devices
 
     def _runtime(self, claim: ParsedClaim) -> RuntimeConfig:
+        """The pool's runtime in the claim's mode: a tenant's config may only raise the
+        mode in force (``enforcement_for``), and only to one this node can enforce."""
         base = self.cfg.runtime
+        mode = enforcement_for(claim, base.enforcement)
+        if mode is not base.enforcement:  # the pool's own mode is gated by the agent
+            status = check_enforcement(base.model_copy(update={"enforcement": mode}))
+            if not status.ready:
+                raise ClaimError(f"the claim asks {status.describe()}",
+                                 ClaimReason.ENFORCEMENT_UNAVAILABLE)
         return base.model_copy(update={
-            "enforcement": claim.enforcement or base.enforcement,
+            "enforcement": mode,
             # CDI names cannot be nested in a CDI spec: the device nodes go in directly.
             "pass_device_specs": base.pass_device_specs or uses_cdi(base),
         })

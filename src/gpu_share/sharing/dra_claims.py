@@ -57,6 +57,8 @@ class ClaimReason(StrEnum):
     DEVICE_CORDONED = "DeviceCordoned"
     # The node cannot enforce its pool's mode now (agent/enforcement.py).
     ENFORCEMENT_UNAVAILABLE = "EnforcementUnavailable"
+    # The claim's own config names a weaker mode than its class or pool.
+    ENFORCEMENT_LOWERED = "ClaimEnforcementLowered"
     BAD_CAPACITY = "ClaimBadCapacity"
     BAD_CONFIG = "ClaimBadConfig"
     # With the claims already prepared on this node, a device would be over-committed
@@ -100,6 +102,9 @@ class ParsedClaim:
     name: str
     devices: tuple[ClaimDevice, ...]  # index order
     enforcement: EnforcementMode | None  # None: the pool's
+    # The mode the admin's configs (the DeviceClass's, source FromClass) alone name: the
+    # floor a tenant's own config may not go below (``enforcement_for``).
+    class_enforcement: EnforcementMode | None = None
 
     @property
     def request(self) -> ContainerRequest:
@@ -326,8 +331,10 @@ def _slice_config(params: object, driver: str, where: str) -> EnforcementMode | 
 
 def _config_entry(
     raw: object, n: int, driver: str
-) -> tuple[tuple[str, ...], EnforcementMode | None] | None:
-    """(request names, enforcement) of one config entry of our driver; None otherwise."""
+) -> tuple[tuple[str, ...], EnforcementMode | None, bool] | None:
+    """(request names, enforcement, from the class) of one config entry of our driver;
+    None otherwise. Only ``source: FromClass`` is the admin's; anything else is the
+    tenant's."""
     where = f"status.allocation.devices.config[{n}]"
     c = _mapping(raw, where)
     opaque = c.get("opaque")
@@ -338,7 +345,8 @@ def _config_entry(
         return None
     names = _items(c.get("requests"), f"{where}.requests", MAX_CONFIG_REQUESTS)
     requests = tuple(_text(r, f"{where}.requests[]") for r in names)
-    return requests, _slice_config(opaque.get("parameters"), driver, where)
+    return (requests, _slice_config(opaque.get("parameters"), driver, where),
+            c.get("source") == "FromClass")
 
 
 def _applies(requests: tuple[str, ...], request: str) -> bool:
@@ -348,10 +356,19 @@ def _applies(requests: tuple[str, ...], request: str) -> bool:
 
 
 def _enforcement(configs: Sequence[Any], driver: str,
-                 requests: Iterable[str]) -> EnforcementMode | None:
-    """The claim's one enforcement mode: per request, the last config of ours that names
-    one wins (class configs come first, then the claim's)."""
+                 requests: Iterable[str]) -> tuple[EnforcementMode | None, EnforcementMode | None]:
+    """The claim's one enforcement mode (per request, the last config of ours that names
+    one wins: class configs come first, then the claim's), and the one its class's
+    configs alone name."""
     entries = [e for n, raw in enumerate(configs) if (e := _config_entry(raw, n, driver))]
+    requests = list(requests)
+    admin = [(names, mode) for names, mode, by_class in entries if by_class]
+    return (_one_mode([(n, m) for n, m, _ in entries], requests),
+            _one_mode(admin, requests))
+
+
+def _one_mode(entries: Sequence[tuple[tuple[str, ...], EnforcementMode | None]],
+              requests: Sequence[str]) -> EnforcementMode | None:
     chosen: dict[str, EnforcementMode | None] = {}
     for request in requests:
         chosen[request] = None
@@ -409,8 +426,26 @@ def parse_claim(
         raise ClaimError(f"no device of driver {driver} is allocated to the claim",
                          ClaimReason.NOT_ALLOCATED)
     configs = _items(devices.get("config"), "status.allocation.devices.config", MAX_CONFIGS)
-    mode = _enforcement(configs, driver, {r.request for r in ours})
-    return ParsedClaim(uid, namespace, name, _merge(ours), mode)
+    mode, by_class = _enforcement(configs, driver, sorted({r.request for r in ours}))
+    return ParsedClaim(uid, namespace, name, _merge(ours), mode, by_class)
+
+
+# Strength of each mode against a tenant (docs/enforcement.md): a tenant's config may
+# raise the mode in force, never lower it.
+STRENGTH = {EnforcementMode.NONE: 0, EnforcementMode.HAMI_CORE: 1, EnforcementMode.MPS: 2}
+
+
+def enforcement_for(claim: ParsedClaim, pool: EnforcementMode) -> EnforcementMode:
+    """The mode the claim is prepared with: its class's (else the pool's), or a stronger
+    one its own config names. A weaker one is refused (``ENFORCEMENT_LOWERED``); that
+    the node can enforce a raised mode is the caller's check."""
+    floor = claim.class_enforcement or pool
+    mode = claim.enforcement or floor
+    if STRENGTH[mode] < STRENGTH[floor]:
+        raise ClaimError(f"the claim's config asks enforcement {mode.value!r}, below the "
+                         f"{floor.value!r} in force: a claim may raise it, never lower it",
+                         ClaimReason.ENFORCEMENT_LOWERED)
+    return mode
 
 
 # ---- the CDI spec of a prepared claim -----------------------------------------------------

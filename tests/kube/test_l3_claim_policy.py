@@ -1,0 +1,132 @@
+"""L3: the chart's claims policy (DRA on), as rendered, on a real kube-apiserver + etcd:
+a ResourceClaim or ResourceClaimTemplate configuring our driver may name apiVersion, kind
+and a mode other than "none"; "none" and any other field are refused; other drivers'
+config is not ours to judge."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import yaml
+from kube_fakes import ApiServer
+from kubernetes import client as k8s
+
+from gpu_share.kube.client import make_api_client
+from tests.chart.conftest import CHART, NAMESPACE, RELEASE, helm_path
+
+pytestmark = pytest.mark.apiserver
+
+DRIVER = "gpu-share.vendor.com"
+POLICY = "l3-claims"
+
+
+def _policy() -> list[dict[str, Any]]:
+    args = [helm_path(4), "template", RELEASE, str(CHART), "--namespace", NAMESPACE,
+            "--kube-version", "1.35.0", "--set", "agentConfig.dra.enabled=true",
+            "--set", f"agentConfig.dra.driverName={DRIVER}"]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=60, check=True).stdout
+    objs = [d for d in yaml.safe_load_all(out) if d
+            and d["kind"].startswith("ValidatingAdmissionPolicy")
+            and d["metadata"]["name"].endswith("-claims")]
+    assert len(objs) == 2, [o["metadata"]["name"] for o in objs]
+    for o in objs:
+        o["metadata"]["name"] = POLICY
+        if o["kind"] == "ValidatingAdmissionPolicyBinding":
+            o["spec"]["policyName"] = POLICY
+    return objs
+
+
+def _claim(name: str, params: Any, driver: str = DRIVER) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {"devices": {
+                "requests": [{"name": "slice", "exactly": {"deviceClassName": "gpu-share"}}],
+                "config": [{"requests": ["slice"],
+                            "opaque": {"driver": driver, "parameters": params}}]}}}
+
+
+def _template(name: str, params: Any) -> dict[str, Any]:
+    claim = _claim(name, params)
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name}, "spec": {"spec": claim["spec"]}}
+
+
+class Api:
+    def __init__(self, api_client: k8s.ApiClient, ns: str) -> None:
+        self.custom = k8s.CustomObjectsApi(api_client)
+        self.ns = ns
+
+    def create(self, body: dict[str, Any]) -> None:
+        plural = "resourceclaims" if body["kind"] == "ResourceClaim" else "resourceclaimtemplates"
+        self.custom.create_namespaced_custom_object("resource.k8s.io", "v1", self.ns, plural,
+                                                    body)
+
+
+def _refusal(call: Callable[[], Any]) -> str | None:
+    """The policy's message when it refuses, None when created."""
+    try:
+        call()
+    except k8s.ApiException as e:
+        if e.status == 403 and "ValidatingAdmissionPolicy" in str(e.body):
+            return str(e.body)
+        raise
+    return None
+
+
+@pytest.fixture(scope="module")
+def api(apiserver: ApiServer) -> Iterator[Api]:
+    client = make_api_client(apiserver.kubeconfig)
+    core = k8s.CoreV1Api(client)
+    adm = k8s.AdmissionregistrationV1Api(client)
+    ns = f"claims-{uuid.uuid4().hex[:6]}"
+    core.create_namespace({"metadata": {"name": ns}})
+    policy, binding = sorted(_policy(), key=lambda o: o["kind"])
+    adm.create_validating_admission_policy(policy)
+    adm.create_validating_admission_policy_binding(binding)
+    a = Api(client, ns)
+    try:
+        deadline = time.monotonic() + 30
+        while _refusal(lambda: a.create(_claim(f"probe-{uuid.uuid4().hex[:6]}",
+                                               {"enforcement": "none"}))) is None:
+            assert time.monotonic() < deadline, "the claims policy never came into force"
+            time.sleep(0.2)
+        yield a
+    finally:
+        adm.delete_validating_admission_policy_binding(POLICY)
+        adm.delete_validating_admission_policy(POLICY)
+        core.delete_namespace(ns)
+
+
+@pytest.mark.parametrize("make", [_claim, _template])
+def test_a_tenant_may_not_switch_enforcement_off(api: Api, make: Any) -> None:
+    for params in ({"enforcement": "none"},
+                   {"apiVersion": f"{DRIVER}/v1alpha1", "kind": "SliceConfig",
+                    "enforcement": "none"}):
+        why = _refusal(lambda p=params: api.create(make(f"off-{uuid.uuid4().hex[:6]}", p)))
+        assert why is not None and "switch gpu-share's enforcement off" in why
+
+
+@pytest.mark.parametrize("make", [_claim, _template])
+def test_other_fields_are_refused(api: Api, make: Any) -> None:
+    why = _refusal(lambda: api.create(make(f"x-{uuid.uuid4().hex[:6]}",
+                                           {"enforcement": "mps", "memoryLimit": "64Gi"})))
+    assert why is not None and "apiVersion, kind and enforcement only" in why
+
+
+@pytest.mark.parametrize("make", [_claim, _template])
+def test_raising_or_naming_nothing_is_allowed(api: Api, make: Any) -> None:
+    for params in ({"enforcement": "mps"}, {"enforcement": "hami-core"},
+                   {"apiVersion": f"{DRIVER}/v1alpha1", "kind": "SliceConfig"}):
+        assert _refusal(lambda p=params: api.create(
+            make(f"ok-{uuid.uuid4().hex[:6]}", p))) is None
+
+
+def test_another_drivers_config_is_not_judged(api: Api) -> None:
+    assert _refusal(lambda: api.create(_claim(f"other-{uuid.uuid4().hex[:6]}",
+                                              {"enforcement": "none", "x": 1},
+                                              driver="gpu.example.com"))) is None
