@@ -460,7 +460,9 @@ def test_a_cordoned_device_takes_no_new_claim_whatever_the_taint_gate(tmp_path: 
     backend = DummyBackend(cfg.dummy, NODE)
     devs = backend.devices()
     inv = Inventory.from_devices(devs, cfg.memory_unit_mib).with_cordons([devs[2].uuid])
-    p = DraClaimPreparer(cfg, src, lambda: inv, backend.naming())
+    refused: list[str] = []
+    p = DraClaimPreparer(cfg, src, lambda: inv, backend.naming(), on_refused=refused.append)
     err = p.prepare([ref])[UID].error
     assert "gpu-2" in err and "cordoned" in err
     assert p.prepared() == {}
+    assert refused == ["DeviceCordoned"]  # the metric's label

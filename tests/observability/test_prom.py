@@ -61,6 +61,10 @@ OLD: list[tuple[str, str, str, tuple[str, ...]]] = [
     ("gauge", "gpu_share_device_cordoned",
      "1 when an admin cordoned the device (no new slices; running ones stay), 0 otherwise.",
      ("device",)),
+    ("counter", "gpu_share_dra_prepare_failures_total",
+     "DRA claims the agent refused to prepare, by reason (ClaimEnforcementLowered, "
+     "EnforcementUnavailable, DeviceCordoned, ClaimOverCapacity, ...).",
+     ["reason"]),
     ("gauge", "gpu_share_enforcement_ready",
      "1 while the node can enforce its pool's mode (no new slices otherwise; the node Event "
      "EnforcementUnavailable says what is missing), 0 otherwise.",

@@ -195,6 +195,7 @@ class DraClaimPreparer:
         host_dirs: HostDirs | None = None,
         wall_clock: Callable[[], float] = time.time,
         enforcement: Callable[[], EnforcementStatus] | None = None,
+        on_refused: Callable[[str], None] = lambda reason: None,
     ) -> None:
         self.cfg = cfg
         self.driver = cfg.dra.driver_name
@@ -207,6 +208,7 @@ class DraClaimPreparer:
         self._host_dirs = host_dirs
         self._wall = wall_clock
         self._enforcement = enforcement  # None: not checked (tests of the claim path)
+        self._on_refused = on_refused  # a metric, by reason
         self._lock = threading.Lock()  # _claims and the checkpoint file
         self._stripes = [threading.Lock() for _ in range(LOCK_STRIPES)]
         self._claims: dict[str, _Prepared] = self._load()
@@ -246,9 +248,10 @@ class DraClaimPreparer:
                     return PrepareResult(devices=known.devices)
                 return PrepareResult(devices=self._prepare_new(ref))
             except (GpuShareError, OSError) as exc:
+                reason = str(getattr(exc, "reason", "OSError"))
                 log.warning("DRA: cannot prepare claim %s/%s (%s): %s",
-                            ref.namespace, ref.name, ref.uid, exc,
-                            extra={"reason": getattr(exc, "reason", "OSError")})
+                            ref.namespace, ref.name, ref.uid, exc, extra={"reason": reason})
+                self._on_refused(reason)
                 return PrepareResult(error=f"claim {ref.namespace}/{ref.name}: {exc}")
 
     def _prepare_new(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:

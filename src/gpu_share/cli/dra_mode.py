@@ -51,7 +51,9 @@ class DraFrontEnd:
         driver = cfg.dra.driver_name
         self.claims = KubeClaimReader(api)
         preparer = DraClaimPreparer(cfg, self.claims, self._inventory, backend.naming(),
-                                    enforcement=lambda: agent.enforcement)
+                                    enforcement=lambda: agent.enforcement,
+                                    on_refused=lambda reason: metrics.dra_prepare_failures_total
+                                    .labels(reason=reason).inc())
         self.server = DraPluginServer(
             driver, preparer,
             plugin_dir=cfg.dra.plugin_dir, registration_dir=cfg.dra.registration_dir,

@@ -95,6 +95,14 @@ class Metrics:
             ["device"],
             registry=r,
         )
+        self.dra_prepare_failures_total = Counter(
+            f"{PREFIX}_dra_prepare_failures_total",
+            "DRA claims the agent refused to prepare, by reason (ClaimEnforcementLowered, "
+            "EnforcementUnavailable, DeviceCordoned, ClaimOverCapacity, ...).",
+            ["reason"],
+            capped={"reason": REASON_CAP},
+            registry=r,
+        )
         self.enforcement_ready = Gauge(
             f"{PREFIX}_enforcement_ready",
             "1 while the node can enforce its pool's mode (no new slices otherwise; "
