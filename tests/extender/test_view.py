@@ -260,3 +260,28 @@ def test_signed_assignment_round_trip_and_binding() -> None:
     with pytest.raises(DecisionError) as de:
         verify_binding(_whole_decision("u1"), KEY, "u1", "n2")
     assert de.value.reason == "NodeMismatch"
+
+
+def test_a_second_bind_elsewhere_keeps_the_first_reservation() -> None:
+    """A bind of unknown outcome keeps its reservation; the scheduler retrying the pod on
+    another node must not drop it (the first may still land)."""
+    v = _view()
+    other = {"metadata": {"name": "n2", "annotations": {
+        inventory_key(DOM): EMPTY_INV.encode().replace('"n1"', '"n2"')}}}
+    v._apply("nodes", "ADDED", other)
+    pending = _pod("u1", {}, node="")
+    pending["spec"].pop("nodeName")
+    pending["status"]["phase"] = "Pending"
+    v._apply("pods", "ADDED", pending)
+    v.reserve("u1", "n1", {"GPU-0": (4, 30)})
+    v.reserve("u1", "n2", {"GPU-1": (8, 50)})
+    assert _free(v) == [(12, 70), (16, 100)]
+    n2 = v.node("n2")
+    assert n2 is not None and [(d.memory_free, d.cores_free) for d in n2.devices] == [
+        (16, 100), (8, 50)]
+    v.unreserve("u1", "n2")  # the second was refused: only its own reservation goes
+    assert _free(v) == [(12, 70), (16, 100)]
+    # Bound (with its genuine assignment) on n1: nothing is pending any more.
+    v._apply("pods", "MODIFIED", _pod("u1", {
+        assignment_key(DOM): FOUR.encode(KEY, pod_uid="u1", node="n1")}))
+    assert "u1" not in v._pending

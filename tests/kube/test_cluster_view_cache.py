@@ -191,8 +191,9 @@ class World:
         v = new_view(self.clock)
         v._replace("nodes", copy.deepcopy(list(self.seen_nodes.values())))
         v._replace("pods", copy.deepcopy(list(self.seen_pods.values())))
-        for uid, entry in self.view._pending.items():
-            v._set_pending(uid, entry)
+        for uid, by_node in self.view._pending.items():
+            for entry in by_node.values():
+                v._set_pending(uid, entry)
         return v
 
 

@@ -373,3 +373,22 @@ def test_another_driver_is_refused_too(policy_env: PolicyEnv) -> None:
         env.agent.create("create", RESOURCE_SLICES, body)
     assert getattr(ei.value, "status", None) == 403
     assert "ValidatingAdmissionPolicy" in str(ei.value)
+
+
+def test_a_slice_of_its_node_naming_another_nodes_pool_is_refused(
+    policy_env: PolicyEnv,
+) -> None:
+    """A compromised agent may not publish, on its own node, the pool (devices) of
+    another: the pool's name is the node's."""
+    env = policy_env
+    body = {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"generateName": f"{env.node}-pool-"},
+        "spec": {"driver": DRIVER, "nodeName": env.node,
+                 "pool": {"name": env.other, "generation": 1, "resourceSliceCount": 1},
+                 "devices": []},
+    }  # fmt: skip
+    with pytest.raises(Exception) as ei:
+        env.agent.create("create", RESOURCE_SLICES, body)
+    assert getattr(ei.value, "status", None) == 403
+    assert "may only write ResourceSlices of its own node and pool" in str(ei.value)

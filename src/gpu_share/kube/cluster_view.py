@@ -113,7 +113,10 @@ class KubeClusterView:
         # node -> uid -> (cpu m, memory Mi) of every bound pod; by node, as filter reads it
         self._host: dict[str, dict[str, tuple[int, int]]] = {}
         self._host_node: dict[str, str] = {}  # uid -> node, to drop a pod from _host
-        self._pending: dict[str, tuple[str, Usage, tuple[int, int], float]] = {}
+        # Bind reservations: uid -> node -> (node, usage, host ask, when). One per node:
+        # a pod whose bind's outcome is unknown may be bound again elsewhere, and the
+        # first reservation stays until the watch or the expiry settles it.
+        self._pending: dict[str, dict[str, tuple[str, Usage, tuple[int, int], float]]] = {}
         # The same reservations by node, and the oldest one's time: node() runs for every
         # node of every request and must not scan every reservation of the cluster.
         self._pending_on: dict[str, set[str]] = {}
@@ -177,7 +180,7 @@ class KubeClusterView:
         # A bind's reservation counts until the watch shows the pod bound here (the
         # annotated-but-unbound pod, seen between patch and binding, counts nowhere).
         for uid in mine:
-            _, u, (c, m), _at = self._pending[uid]
+            _, u, (c, m), _at = self._pending[uid][name]
             if uid not in counted:
                 usages.append(u)
                 if uid not in on_node:
@@ -225,32 +228,39 @@ class KubeClusterView:
 
     def unreserve(self, pod_uid: str, node: str) -> None:
         with self._lock:
-            pend = self._pending.get(pod_uid)
-            if pend is not None and pend[0] == node:
-                self._drop_pending(pod_uid)
+            self._drop_pending(pod_uid, node)
 
     # -- reservations (caller holds the lock)
     def _set_pending(self, uid: str, entry: tuple[str, Usage, tuple[int, int], float]) -> None:
-        self._drop_pending(uid)
-        self._pending[uid] = entry
-        self._pending_on.setdefault(entry[0], set()).add(uid)
+        node = entry[0]
+        self._pending.setdefault(uid, {})[node] = entry
+        self._pending_on.setdefault(node, set()).add(uid)
+        self._slots.pop(node, None)
         self._oldest_pending = min(self._oldest_pending, entry[3])
 
-    def _drop_pending(self, uid: str) -> None:
-        entry = self._pending.pop(uid, None)
-        if entry is None:
+    def _drop_pending(self, uid: str, node: str | None = None) -> None:
+        """The reservation of ``uid`` on ``node`` (None: on every node) is gone."""
+        by_node = self._pending.get(uid)
+        if by_node is None:
             return
-        self._slots.pop(entry[0], None)
-        _discard(self._pending_on, entry[0], uid)
+        for n in [node] if node is not None else list(by_node):
+            if by_node.pop(n, None) is not None:
+                self._slots.pop(n, None)
+                _discard(self._pending_on, n, uid)
+        if not by_node:
+            del self._pending[uid]
 
     def _expire(self, now: float) -> None:
         """Drops the reservations older than PENDING_TTL_S (only when one may be)."""
         if now - self._oldest_pending <= PENDING_TTL_S:
             return
-        for uid, (*_rest, at) in list(self._pending.items()):
-            if now - at > PENDING_TTL_S:
-                self._drop_pending(uid)
-        self._oldest_pending = min((e[3] for e in self._pending.values()), default=float("inf"))
+        for uid, by_node in list(self._pending.items()):
+            for node, (*_rest, at) in list(by_node.items()):
+                if now - at > PENDING_TTL_S:
+                    self._drop_pending(uid, node)
+        self._oldest_pending = min(
+            (e[3] for by_node in self._pending.values() for e in by_node.values()),
+            default=float("inf"))
 
     def pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         op = f"get pod {namespace}/{name}"
@@ -388,9 +398,8 @@ class KubeClusterView:
                 self._host[old].pop(uid, None)
                 self._slots.pop(old, None)
             self._slots.pop(node, None)
-            pend = self._pending.get(uid)
-            if pend is not None:
-                self._slots.pop(pend[0], None)
+            for pending_node in self._pending.get(uid, {}):
+                self._slots.pop(pending_node, None)
             if ask is not None and node:
                 self._host.setdefault(node, {})[uid] = (ask.cpu, ask.memory)
                 self._host_node[uid] = node
