@@ -114,7 +114,7 @@ class _Recorder(AgentMetrics):
         self.rows = list(rows)  # type: ignore[call-overload]
 
 
-def test_bad_annotations_are_reported_once_and_ignored() -> None:
+def test_bad_annotations_are_reported_once_and_an_unreadable_one_cordons() -> None:
     with scratch_dir() as d:
         cfg = agent_config(d, poll_s=None, identity={"useApiServer": False})
         backend = DummyBackend(cfg.dummy, cfg.node_name)
@@ -142,10 +142,13 @@ def test_bad_annotations_are_reported_once_and_ignored() -> None:
             assert agent.flush(5.0)
             warned = [e for e in pub.events if e[1] == "CordonIgnored"]
             assert len(warned) == 2
-            assert not agent.engine.inventory.is_cordoned(devs[0])
+            # Fail closed: the unreadable cordon of device 0 cordons it all the same.
+            assert agent.engine.inventory.is_cordoned(devs[0])
             assert agent.engine.inventory.is_cordoned(devs[1])
-            _until(lambda: any(r.cordoned for r in metrics.rows))
-            assert {r.device: r.cordoned for r in metrics.rows} == {devs[0]: False,
+            assert any("its device is cordoned all the same" in m for _, r, m in pub.events
+                       if r == "CordonIgnored")
+            _until(lambda: all(r.cordoned for r in metrics.rows[:2]) and len(metrics.rows) > 1)
+            assert {r.device: r.cordoned for r in metrics.rows} == {devs[0]: True,
                                                                     devs[1]: True}
             # Garbage of every kind never raises.
             agent.on_node_annotations({cordon_key(DOMAIN, devs[0]): "[" * 10_000})
@@ -163,3 +166,35 @@ def test_advertised_units_follow_the_cordon_per_resource() -> None:
             units = rig.agent.advertised(kind)
             assert {u.healthy for u in units if parse_unit_id(u.id).device == dev0} == {False}
             assert {u.healthy for u in units if parse_unit_id(u.id).device != dev0} == {True}
+
+
+def test_a_restarted_agent_offers_no_device_before_it_has_read_the_cordons() -> None:
+    """With an API server, every device is held back until the node watch's first read;
+    past the bound (API server down) they are offered and a Warning Event says why."""
+    for first_read in (True, False):
+        with scratch_dir() as d:
+            cfg = agent_config(d, poll_s=0.05, identity={"useApiServer": False})
+            backend = DummyBackend(cfg.dummy, cfg.node_name, check_interval_s=0.05)
+            backend.start()
+            pub = RecordingPublisher()
+            from gpu_share.agent.node_agent import NodeAgent
+
+            agent = NodeAgent(cfg, backend, pod_resources=None, pods=FakePods(), publisher=pub)
+            agent.await_cordons(60.0 if first_read else 0.5)
+            agent.start()
+            try:
+                engine = agent.engine
+                assert engine is not None
+                devs = [dd.uuid for dd in backend.devices()]
+                assert all(engine.inventory.is_cordoned(u) for u in devs)
+                if first_read:
+                    agent.on_node_annotations(
+                        {cordon_key(DOMAIN, devs[0]): Cordon("bob", "x").encode()})
+                    assert [engine.inventory.is_cordoned(u) for u in devs] == [
+                        True] + [False] * (len(devs) - 1)
+                else:
+                    _until(lambda: not any(engine.inventory.is_cordoned(u) for u in devs))
+                    assert agent.flush(5.0)
+                    assert any(r == "CordonsUnread" for _, r, _m in pub.events)
+            finally:
+                agent.stop()

@@ -19,6 +19,7 @@ from gpu_share.sharing.cordon import (
     MAX_CORDONS,
     TOO_MANY,
     UNKNOWN_DEVICE,
+    UNREADABLE_BY,
     Cordon,
     CordonError,
     cordon_key,
@@ -113,7 +114,11 @@ def test_scan_sorts_out_cordons_unknown_devices_and_malformed_values() -> None:
         f"gpu-share.{DOMAIN}/inventory": "{}",
     }
     scan = scan_cordons(ann, DOMAIN, {"GPU-0", "GPU-1", "GPU-2"})
-    assert set(scan.cordons) == {"GPU-0"} and scan.cordons["GPU-0"].by == "alice"
+    assert scan.cordons["GPU-0"].by == "alice"
+    # Fail closed: an unreadable cordon of a device of the node cordons it all the same.
+    assert set(scan.cordons) == {"GPU-0", "GPU-1"}
+    assert scan.cordons["GPU-1"].by == UNREADABLE_BY
+    assert scan.cordons["GPU-1"].reason.startswith("unreadable cordon annotation")
     reasons = {key: reason for key, reason, _ in scan.problems}
     assert reasons == {p + "GPU-1": MALFORMED, p + "GPU-9": UNKNOWN_DEVICE}
 
@@ -122,7 +127,9 @@ def test_scan_is_bounded() -> None:
     p = cordon_key_prefix(DOMAIN)
     ann = {f"{p}GPU-{i:03d}": GOOD for i in range(MAX_CORDONS + 5)}
     scan = scan_cordons(ann, DOMAIN, {f"GPU-{i:03d}" for i in range(MAX_CORDONS + 5)})
-    assert len(scan.cordons) == MAX_CORDONS
+    # Past the bound the values are not read, and their devices cordoned all the same.
+    assert sum(1 for c in scan.cordons.values() if c.by == "alice") == MAX_CORDONS
+    assert len(scan.cordons) == MAX_CORDONS + 5
     assert sum(1 for _, r, _ in scan.problems if r == TOO_MANY) == 5
 
 

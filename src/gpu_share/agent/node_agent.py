@@ -191,6 +191,9 @@ class NodeAgent:
         self._cordons: dict[str, Cordon] = {}
         self._cordon_annotations: Mapping[str, str] | None = None
         self._cordon_problems: frozenset[tuple[str, str]] = frozenset()
+        # time.monotonic() until which every device is held back while the node's cordons
+        # have not been read yet (``await_cordons``); None: not waiting.
+        self._cordons_due: float | None = None
         # Whether the node can enforce its pool's mode (agent/enforcement.py); until the
         # first check, it cannot.
         self.enforcement = EnforcementStatus(cfg.runtime.enforcement, ("not checked yet",))
@@ -485,10 +488,32 @@ class NodeAgent:
 
     # ---- cordons (sharing/cordon.py) ---------------------------------------------------
 
+    def await_cordons(self, timeout_s: float) -> None:
+        """Before ``start``: the node's cordons will come from the node watch. Until its
+        first read (``on_node_annotations``), or ``timeout_s`` at most, every device is
+        held back (a restarted agent must not offer a cordoned device); past the bound
+        they are offered without cordons and a Warning Event says so."""
+        self._cordons_due = time.monotonic() + timeout_s
+
+    def _cordon_wait_over(self) -> None:
+        """The health pass: the first read did not come in time (API server down)."""
+        due = self._cordons_due
+        if due is None or time.monotonic() < due or self.engine is None:
+            return
+        with self._lock:
+            self._cordons_due = None
+            changed = self._engine().set_cordons(self._held_back(self._engine()))
+        self.warn_node("CordonsUnread", "the node's cordons could not be read from the API "
+                       "server in time; devices are offered without them until it answers")
+        if changed:
+            self.feed.bump()
+            self.feed_inventory_changed()
+
     def on_node_annotations(self, annotations: Mapping[str, str]) -> None:
         """The node's cordon annotations changed (the node watch): honour them at once.
-        Never raises: a bad value is logged, counted and ignored."""
+        Never raises: a bad value is logged, counted, and cordons its device."""
         with self._lock:
+            self._cordons_due = None  # read: no longer held back for want of them
             self._cordon_annotations = dict(annotations)
             engine = self.engine
             if engine is None:
@@ -508,7 +533,7 @@ class NodeAgent:
     def _held_back(self, engine: AllocationEngine) -> list[str]:
         """Devices that take no new slice: the cordoned ones, and all while the node
         cannot enforce its mode."""
-        if not self.enforcement.ready:
+        if not self.enforcement.ready or self._cordons_due is not None:
             return [d.uuid for d in engine.inventory.devices]
         return list(self._cordons)
 
@@ -545,7 +570,9 @@ class NodeAgent:
             self._metrics.cordon_ignored(reason)
             log.warning("cordon annotation ignored: %s", message,
                         extra={"annotation": key[:120], "reason": reason})
-            self.warn_node("CordonIgnored", f"annotation {key[:120]} ignored: {message}")
+            what = ("ignored" if reason == "UnknownDevice"
+                    else "unreadable, its device is cordoned all the same")
+            self.warn_node("CordonIgnored", f"annotation {key[:120]} {what}: {message}")
         self._cordon_problems = seen
 
     def _cordon_changed(self, change: CordonChange, index: int | None) -> None:
@@ -602,6 +629,7 @@ class NodeAgent:
             self.on_health(events)
         if not self._stop.is_set():
             self.check_enforcement()
+            self._cordon_wait_over()
 
     def _reconcile_step(self) -> None:
         # The first full reconcile right after start, then every interval or on request.

@@ -57,6 +57,8 @@ PLUGINS_STOP_TIMEOUT_S = 1.0
 AGENT_STOP_TIMEOUT_S = 1.5
 KUBE_INIT_MAX_AGE_S = 120.0  # importing the client and reading its config
 CACHE_STOP_TIMEOUT_S = 0.5
+# How long a starting agent holds every device back waiting for the node's cordons.
+CORDONS_FIRST_READ_S = 60.0
 
 
 class PrometheusAgentMetrics(AgentMetrics):
@@ -163,6 +165,7 @@ class _LazyKube:
 
         self._ready.wait()
         if self.api is None or not self._cfg.node_name or self._closed.is_set():
+            on_change({})  # no API server: no cordons to wait for
             return
         watch = NodeCordonWatch(
             self.api, self._cfg.node_name, cordon_key_prefix(self._cfg.resources.domain),
@@ -348,6 +351,10 @@ class _Node:
             publisher=self.kube if publishes else None,
             metrics=PrometheusAgentMetrics(self.metrics), loops=self.loops,
         )
+
+        if self.kube is not None:
+            # A restarted agent offers no device before it has read the node's cordons.
+            agent.await_cordons(CORDONS_FIRST_READ_S)
 
         def start_agent() -> None:
             _guard_sizes(cfg, backend.devices())

@@ -52,6 +52,8 @@ MAX_VALUE = 1024  # bytes of the whole value
 MAX_BY = 256  # the API server's user names are short; this bounds Events and logs
 MAX_REASON = 256
 MAX_CORDONS = 64  # cordon keys read from one node (more is not a real node's)
+# Who a cordon whose annotation cannot be read is by (it cordons all the same).
+UNREADABLE_BY = "(unreadable)"
 # An annotation key's name part (after "/"): at most 63 characters of this form.
 _NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 _AT = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z")
@@ -163,17 +165,20 @@ def scan_cordons(
     cordons: dict[str, Cordon] = {}
     problems: list[tuple[str, str, str]] = []
     for i, key in enumerate(keys):
-        if i >= MAX_CORDONS:
-            problems.append((key, TOO_MANY, f"more than {MAX_CORDONS} cordon annotations"))
-            continue
         device = key[len(prefix):]
         if device not in devices:
             problems.append((key, UNKNOWN_DEVICE, f"no device {device[:64]!r} on this node"))
             continue
         try:
+            if i >= MAX_CORDONS:
+                raise CordonError(f"more than {MAX_CORDONS} cordon annotations", reason=TOO_MANY)
             cordons[device] = parse_cordon(annotations[key])
         except CordonError as e:
-            problems.append((key, MALFORMED, e.message))
+            # Fail closed: someone meant to cordon this device; what they wrote is not
+            # readable, so it is cordoned all the same (and the problem reported).
+            problems.append((key, e.reason, e.message))
+            cordons[device] = Cordon(UNREADABLE_BY, f"unreadable cordon annotation: "
+                                                    f"{e.message[:120]}")
     return CordonScan(cordons, tuple(problems))
 
 
