@@ -353,6 +353,23 @@ def test_pods_matched_by_either_resource_and_by_requests(env: Env) -> None:
     refused(lambda: env.create_as_tenant(env.pod([by_requests])))
 
 
+def test_a_dra_pod_the_webhook_rewrote_is_judged_too(env: Env) -> None:
+    """In DRA pools the webhook replaces our resources by claims of its templates before
+    this policy runs: such a pod is still refused the reserved env; a claim of another
+    template is not ours to judge."""
+    def claimed(template: str) -> dict[str, Any]:
+        c = container(env={"CUDA_REDIRECT": "/usr/lib/libcuda.so.1"})
+        c["resources"] = {"claims": [{"name": "gpu-share-main"}]}
+        return env.pod([c], resourceClaims=[
+            {"name": "gpu-share-main", "resourceClaimTemplateName": template}])
+
+    msg = refused(lambda: env.create_as_tenant(claimed("gpu-share-m4-c30")))
+    assert "sets env CUDA_REDIRECT" in msg
+    other = claimed("someone-elses-gpu")
+    env.create_as_tenant(other)
+    env.admin.delete_namespaced_pod(other["metadata"]["name"], env.ns, grace_period_seconds=0)
+
+
 def test_same_env_is_fine_on_pods_without_our_resources(env: Env) -> None:
     everything = {n: "1" for n in RESERVED}
     body = env.pod(
