@@ -193,7 +193,8 @@ def test_a_restarted_agent_offers_no_device_before_it_has_read_the_cordons() -> 
                     assert [engine.inventory.is_cordoned(u) for u in devs] == [
                         True] + [False] * (len(devs) - 1)
                 else:
-                    _until(lambda: not any(engine.inventory.is_cordoned(u) for u in devs))
+                    _until(lambda e=engine, ds=devs: not any(
+                        e.inventory.is_cordoned(u) for u in ds))
                     assert agent.flush(5.0)
                     assert any(r == "CordonsUnread" for _, r, _m in pub.events)
             finally:

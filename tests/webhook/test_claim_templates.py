@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from collections.abc import Iterator
@@ -213,11 +214,36 @@ def test_a_labelled_namespace_is_opted_in_and_remembered_until_the_ttl() -> None
         (404, status_obj(404, "NotFound", "no")),
     ],
 )
-def test_anything_else_is_not_opted_in_and_asked_again(answer: tuple[int, Any]) -> None:
+def test_anything_else_is_not_opted_in_and_asked_again_after_a_few_seconds(
+    answer: tuple[int, Any],
+) -> None:
     api, fake = fake_rest(lambda c: answer)
-    gate = OptInNamespaces(api, *LABEL)
+    clock = Clock()
+    gate = OptInNamespaces(api, *LABEL, no_ttl_s=5, clock=clock)
     assert gate.opted_in("team-a") is False and gate.opted_in("team-a") is False
-    assert len(fake.calls) == 2  # a "no" is never cached: a new label counts at once
+    assert len(fake.calls) == 1  # a "no" is remembered briefly ...
+    clock.now = 5.0
+    assert gate.opted_in("team-a") is False and len(fake.calls) == 2  # ... then asked again
+
+
+def test_forged_reviews_for_many_namespaces_cost_a_bounded_number_of_reads() -> None:
+    """Reviews naming 1,000 unlabelled namespaces in one second: at most the burst is
+    read, the rest refused without an API call; the budget refills with time."""
+    api, fake = fake_rest(lambda c: (200, _ns(None)))
+    clock = Clock()
+    gate = OptInNamespaces(api, *LABEL, reads_per_s=20, read_burst=40, clock=clock)
+    refused = 0
+    for i in range(1000):
+        try:
+            assert gate.opted_in(f"ns-{i}") is False
+        except KubeAccessError:
+            refused += 1
+    assert len(fake.calls) == 40 and refused == 960
+    clock.now = 1.0  # a second later: 20 more reads
+    for i in range(1000, 1100):
+        with contextlib.suppress(KubeAccessError):
+            gate.opted_in(f"ns-{i}")
+    assert len(fake.calls) == 60
 
 
 def test_namespace_errors_and_the_deadline() -> None:

@@ -125,25 +125,56 @@ class _BoundedCalls:
         self._seen = _SeenCache(cache_ttl_s, max_cached, clock)
 
 
+class _ReadBudget:
+    """A token bucket of API reads: ``rate`` a second, ``burst`` at once (thread-safe)."""
+
+    def __init__(self, rate: float, burst: int, clock: Callable[[], float]) -> None:
+        self._rate, self._burst, self._clock = rate, float(burst), clock
+        self._tokens, self._at = float(burst), clock()
+        self._lock = threading.Lock()
+
+    def take(self) -> bool:
+        with self._lock:
+            now = self._clock()
+            self._tokens = min(self._burst, self._tokens + (now - self._at) * self._rate)
+            self._at = now
+            if self._tokens < 1.0:
+                return False
+            self._tokens -= 1.0
+            return True
+
+
 class OptInNamespaces(_BoundedCalls):
     """``opted_in(namespace)``: does the namespace carry label ``key`` = ``value``?
 
-    Only a yes is remembered (``cache_ttl_s``): a namespace that has just been labelled
-    is seen at once, and a removed label stops counting within the TTL."""
+    A yes is remembered for ``cache_ttl_s``, a no for ``no_ttl_s`` (short: a namespace
+    just labelled counts within seconds), and reads of namespaces not remembered are
+    bounded to ``reads_per_s`` (burst ``read_burst``): anyone who reaches the webhook can
+    send reviews naming namespaces, and each would cost an API read under the webhook's
+    identity. Past the budget the review is refused (KubeAccessError), not read."""
 
-    def __init__(self, api: RestClient, key: str, value: str, **kw: Any) -> None:
+    def __init__(self, api: RestClient, key: str, value: str, *, no_ttl_s: float = 5.0,
+                 reads_per_s: float = 20.0, read_burst: int = 40, **kw: Any) -> None:
         super().__init__(api, **kw)
         self.label = (key, value)
+        self._no = _SeenCache(no_ttl_s, kw.get("max_cached", 4096), self._clock)
+        self._budget = _ReadBudget(reads_per_s, read_burst, self._clock)
 
     def opted_in(self, namespace: str, deadline: float | None = None) -> bool:
-        """Raises KubeAccessError (unreachable, ``deadline`` passed) or ApiError (e.g. 403)."""
+        """Raises KubeAccessError (unreachable, ``deadline`` passed, over the read budget)
+        or ApiError (e.g. 403)."""
         if self._seen.fresh(("", namespace)):
             return True
+        if self._no.fresh(("", namespace)):
+            return False
         _in_time(deadline, self._clock, f"read namespace {namespace}")
+        if not self._budget.take():
+            raise KubeAccessError(f"namespace reads over their budget; {namespace} not read")
         try:
             ns = self._api.get(f"get namespace {namespace}", namespace_path(namespace))
         except ApiError as e:
             if e.status == 404:
+                self._no.remember(("", namespace))
                 return False
             raise
         labels = ns.get("metadata", {}).get("labels") if isinstance(ns, dict) else None
@@ -151,6 +182,7 @@ class OptInNamespaces(_BoundedCalls):
         if isinstance(labels, dict) and labels.get(key) == value:
             self._seen.remember(("", namespace))
             return True
+        self._no.remember(("", namespace))
         return False
 
 
