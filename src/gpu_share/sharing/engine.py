@@ -261,6 +261,8 @@ class AllocationEngine:
         released += gone
         for key in gone_pods:
             self._views.drop(key)
+        self._views.prune({(p.namespace, p.name) for p in pr.pods}
+                          | {e.pod_key for e in self.ledger.unordered()})
         return ReconcileResult(
             tuple(released),
             tuple(found.adopted),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from gpu_share.sharing.ledger import PodKey
 from gpu_share.sharing.model import PodResourcesView, PodView, ResourceKind, ResourceNames
@@ -14,6 +14,9 @@ class PodViews:
 
     def __init__(self) -> None:
         self._views: dict[PodKey, PodView] = {}
+        # Keys merged since the last ``prune``: a pod being admitted may not be in the
+        # kubelet's list yet, and must not be fetched again at every call.
+        self._recent: set[PodKey] = set()
 
     @property
     def views(self) -> Mapping[PodKey, PodView]:
@@ -29,6 +32,17 @@ class PodViews:
                 self._views.pop(key, None)
             else:
                 self._views[key] = view
+                self._recent.add(key)
+
+    def prune(self, keep: Collection[PodKey]) -> int:
+        """Forget every view but ``keep``'s (the pods the kubelet and the ledger have
+        now) and those merged since the last prune: the agent remembers what the node has,
+        not every pod it ever saw. Returns how many were forgotten."""
+        gone = [k for k in self._views if k not in keep and k not in self._recent]
+        for k in gone:
+            del self._views[k]
+        self._recent = set()
+        return len(gone)
 
     def drop(self, key: PodKey) -> None:
         self._views.pop(key, None)
