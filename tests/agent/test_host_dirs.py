@@ -72,42 +72,39 @@ def test_cache_dir_is_per_pod_uid_private_and_removed_on_release(hami: Rig) -> N
     assert seeded.memory_bytes[:2] == (2 << 30, 0) and set(seeded.sm_percent) == {20}
 
 
+def _refused(rig: Rig, name: str, resource: str, memory: int, cores: int) -> grpc.RpcError:
+    """The kubelet admits pod ``name`` (one container) on ``resource``: its Allocate
+    must fail; nothing is held for the pod, and it gets an Event."""
+    assert rig.agent is not None and rig.agent.engine is not None
+    rig.pods.pods[("default", name)] = pod_view(name, ("main", memory, cores),
+                                                uid=f"uid-{name}")
+    rig.publish_pr()
+    client = rig.clients[resource]
+    ids = client.preferred_allocation(rig.free_ids(resource), [], memory or cores)
+    with pytest.raises(grpc.RpcError) as err:
+        client.allocate(ids)
+    assert rig.agent.engine.ledger.pod_entries(("default", name)) == []
+    assert rig.agent.flush(5)
+    return err.value
+
+
 def test_a_slice_whose_cache_dir_cannot_be_made_is_not_handed_out(hami: Rig) -> None:
     """Something in the dir's place (here a file): the Allocate fails UNAVAILABLE
     (reason HostDirUnavailable), nothing is held, the pod gets an Event."""
-    assert hami.agent is not None and hami.agent.engine is not None
     (hami.dir / "cache" / "uid-f_main").write_text("not a dir")
-    view = pod_view("f", ("main", 2, 0), uid="uid-f")
-    hami.pods.pods[("default", "f")] = view
-    hami.publish_pr()
-    client = hami.clients[MEM]
-    ids = client.preferred_allocation(hami.free_ids(MEM), [], 2)
-    with pytest.raises(grpc.RpcError) as err:
-        client.allocate(ids)
-    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
-    meta = dict(err.value.trailing_metadata() or ())
-    assert meta[REASON_METADATA_KEY] == "HostDirUnavailable"
-    assert hami.agent.engine.ledger.pod_entries(("default", "f")) == []
-    assert hami.agent.flush(5)
+    err = _refused(hami, "f", MEM, 2, 0)
+    assert err.code() == grpc.StatusCode.UNAVAILABLE
+    assert dict(err.trailing_metadata() or ())[REASON_METADATA_KEY] == "HostDirUnavailable"
     assert any(r == "HostDirUnavailable" and who == "default/f"
                for who, r, _ in hami.publisher.events)
 
 
 def test_cores_only_shared_slice_is_refused_with_memory_required(hami: Rig) -> None:
-    assert hami.agent is not None and hami.agent.engine is not None
-    view = pod_view("q", ("main", 0, 30), uid="uid-q")
-    hami.pods.pods[("default", "q")] = view
-    hami.publish_pr()
-    client = hami.clients[CORE]
-    ids = client.preferred_allocation(hami.free_ids(CORE), [], 30)
-    with pytest.raises(grpc.RpcError) as err:
-        client.allocate(ids)
-    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert dict(err.value.trailing_metadata() or ())[REASON_METADATA_KEY] == "MemoryRequired"
-    assert MEM in (err.value.details() or "")
-    # Nothing is held for it, and its pod gets an Event saying why.
-    assert hami.agent.engine.ledger.pod_entries(("default", "q")) == []
-    assert hami.agent.flush(5)
+    err = _refused(hami, "q", CORE, 0, 30)  # nothing held, an Event (below)
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert dict(err.trailing_metadata() or ())[REASON_METADATA_KEY] == "MemoryRequired"
+    assert MEM in (err.details() or "")
+    assert hami.agent is not None
     assert any(r == "MemoryRequired" and who == "default/q" for who, r, _ in hami.publisher.events)
     assert os.listdir(hami.dir / "cache") == []
     # The units it was offered are free again: a memory+cores pod gets them.

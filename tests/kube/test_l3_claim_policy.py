@@ -5,19 +5,17 @@ config is not ours to judge."""
 
 from __future__ import annotations
 
-import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-import yaml
 from kube_fakes import ApiServer
 from kubernetes import client as k8s
 
 from gpu_share.kube.client import make_api_client
-from tests.chart.conftest import CHART, NAMESPACE, RELEASE, helm_path
+from tests.kube.policies import rendered_policy
 
 pytestmark = pytest.mark.apiserver
 
@@ -26,19 +24,8 @@ POLICY = "l3-claims"
 
 
 def _policy() -> list[dict[str, Any]]:
-    args = [helm_path(4), "template", RELEASE, str(CHART), "--namespace", NAMESPACE,
-            "--kube-version", "1.35.0", "--set", "agentConfig.dra.enabled=true",
-            "--set", f"agentConfig.dra.driverName={DRIVER}"]
-    out = subprocess.run(args, capture_output=True, text=True, timeout=60, check=True).stdout
-    objs = [d for d in yaml.safe_load_all(out) if d
-            and d["kind"].startswith("ValidatingAdmissionPolicy")
-            and d["metadata"]["name"].endswith("-claims")]
-    assert len(objs) == 2, [o["metadata"]["name"] for o in objs]
-    for o in objs:
-        o["metadata"]["name"] = POLICY
-        if o["kind"] == "ValidatingAdmissionPolicyBinding":
-            o["spec"]["policyName"] = POLICY
-    return objs
+    return rendered_policy("-claims", POLICY, "agentConfig.dra.enabled=true",
+                           f"agentConfig.dra.driverName={DRIVER}")
 
 
 def _claim(name: str, params: Any, driver: str = DRIVER) -> dict[str, Any]:

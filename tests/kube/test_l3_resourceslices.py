@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -24,7 +23,6 @@ from fractions import Fraction
 from typing import Any
 
 import pytest
-import yaml
 from kube_fakes import ApiServer
 from kubernetes import client as k8s
 
@@ -41,7 +39,8 @@ from gpu_share.kube.rest import RestClient, RestConfig, make_rest_client
 from gpu_share.sharing.dra_slices import slice_content
 from gpu_share.sharing.inventory import Inventory
 from gpu_share.sharing.quantity import parse_quantity
-from tests.chart.conftest import CHART, NAMESPACE, RELEASE, helm_path
+from tests.chart.conftest import NAMESPACE, RELEASE
+from tests.kube.policies import rendered_policy
 
 pytestmark = pytest.mark.apiserver
 
@@ -216,17 +215,8 @@ class PolicyEnv:
 
 def _own_node_policy() -> list[dict[str, Any]]:
     """The chart's own-node policy and its binding (DRA on), renamed for this module."""
-    args = [helm_path(4), "template", RELEASE, str(CHART), "--namespace", NAMESPACE,
-            "--kube-version", "1.34.0", "--set", "agentConfig.dra.enabled=true"]
-    out = subprocess.run(args, capture_output=True, text=True, timeout=60, check=True).stdout
-    objs = [d for d in yaml.safe_load_all(out) if d
-            and d["kind"].startswith("ValidatingAdmissionPolicy")
-            and d["metadata"]["name"].endswith("-own-node")]
-    assert len(objs) == 2, [o["metadata"]["name"] for o in objs]
-    for o in objs:
-        o["metadata"]["name"] = "l3-rs-own-node"
-        if o["kind"] == "ValidatingAdmissionPolicyBinding":
-            o["spec"]["policyName"] = "l3-rs-own-node"
+    objs = rendered_policy("-own-node", "l3-rs-own-node", "agentConfig.dra.enabled=true",
+                           kube_version="1.34.0")
     assert "resourceslices" in json.dumps(objs)
     return objs
 
@@ -360,19 +350,24 @@ def test_agent_cannot_write_another_nodes_slice(policy_env: PolicyEnv) -> None:
     _publisher(env.agent, env.node).remove_all()
 
 
-def test_another_driver_is_refused_too(policy_env: PolicyEnv) -> None:
-    env = policy_env
+def _refused_slice(env: PolicyEnv, driver: str, pool: str) -> str:
+    """The policy's refusal of an empty slice of the agent's node, driver and pool."""
     body = {
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
         "metadata": {"generateName": f"{env.node}-x-"},
-        "spec": {"driver": "other.example.com", "nodeName": env.node,
-                 "pool": {"name": env.node, "generation": 1, "resourceSliceCount": 1},
+        "spec": {"driver": driver, "nodeName": env.node,
+                 "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1},
                  "devices": []},
     }  # fmt: skip
     with pytest.raises(Exception) as ei:
         env.agent.create("create", RESOURCE_SLICES, body)
     assert getattr(ei.value, "status", None) == 403
     assert "ValidatingAdmissionPolicy" in str(ei.value)
+    return str(ei.value)
+
+
+def test_another_driver_is_refused_too(policy_env: PolicyEnv) -> None:
+    _refused_slice(policy_env, "other.example.com", policy_env.node)
 
 
 def test_a_slice_of_its_node_naming_another_nodes_pool_is_refused(
@@ -380,15 +375,5 @@ def test_a_slice_of_its_node_naming_another_nodes_pool_is_refused(
 ) -> None:
     """A compromised agent may not publish, on its own node, the pool (devices) of
     another: the pool's name is the node's."""
-    env = policy_env
-    body = {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-        "metadata": {"generateName": f"{env.node}-pool-"},
-        "spec": {"driver": DRIVER, "nodeName": env.node,
-                 "pool": {"name": env.other, "generation": 1, "resourceSliceCount": 1},
-                 "devices": []},
-    }  # fmt: skip
-    with pytest.raises(Exception) as ei:
-        env.agent.create("create", RESOURCE_SLICES, body)
-    assert getattr(ei.value, "status", None) == 403
-    assert "may only write ResourceSlices of its own node and pool" in str(ei.value)
+    msg = _refused_slice(policy_env, DRIVER, policy_env.other)
+    assert "may only write ResourceSlices of its own node and pool" in msg
