@@ -285,3 +285,19 @@ def test_a_second_bind_elsewhere_keeps_the_first_reservation() -> None:
     v._apply("pods", "MODIFIED", _pod("u1", {
         assignment_key(DOM): FOUR.encode(KEY, pod_uid="u1", node="n1")}))
     assert "u1" not in v._pending
+
+
+def test_an_assignment_signed_with_the_previous_key_counts_during_a_rotation() -> None:
+    v = KubeClusterView(
+        k8s.ApiClient(), domain=DOM, memory_resource=MEM, core_resource=CORE,
+        default_workload=Workload([Shape(4, 30, 1.0)]), decision_key=b"the-new-key-0123456",
+        previous_keys=(KEY,),
+    )
+    v._apply("nodes", "ADDED", {"metadata": {"name": "n1", "annotations": {
+        inventory_key(DOM): EMPTY_INV.encode()}}})
+    v._apply("pods", "ADDED", _pod("u1", {
+        assignment_key(DOM): FOUR.encode(KEY, pod_uid="u1", node="n1")}))
+    assert _free(v) == [(12, 70), (16, 100)] and not v.untrusted
+    v._apply("pods", "ADDED", _pod("u2", {
+        assignment_key(DOM): FOUR.encode(b"some-other-key-99999", pod_uid="u2", node="n1")}))
+    assert v.untrusted == {"BadSignature": 1}

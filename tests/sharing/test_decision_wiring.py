@@ -115,3 +115,23 @@ def test_without_a_key_decisions_are_not_read() -> None:
     p = _decided(pod("p", ctr("c", mem=2, cores=20)), "GPU-2")
     got = e.preferred(ResourceKind.MEMORY, _all(ResourceKind.MEMORY), [], 2, _ctx(p))
     assert got.entry.source is EntrySource.NODE_AGENT and not got.notes
+
+
+def test_during_a_key_rotation_decisions_under_the_previous_key_are_followed() -> None:
+    """An agent already on the new key still follows an extender that signs with the
+    previous one (its pods roll at their own pace); a third key is still refused, and
+    a refusal other than the signature's is not retried under the previous key."""
+    inv = Inventory.from_devices(devices(3, 8), UNIT_MIB)
+    e = AllocationEngine(inv, Ledger(), NAMES, decision_key=b"new-key-after-rotation",
+                         previous_decision_keys=(KEY,), node_name="node-1")
+    p = _decided(pod("p", ctr("c", mem=2, cores=20)), "GPU-2")  # signed with KEY
+    got = e.preferred(ResourceKind.MEMORY, _all(ResourceKind.MEMORY), [], 2, _ctx(p))
+    assert got.entry.source is EntrySource.EXTENDER
+    assert {i.split("::")[0] for i in got.ids} == {"GPU-2"}
+    for forged, reason in ((_decided(pod("q", ctr("c", mem=2)), "GPU-2", key=b"x" * 20),
+                            "BadSignature"),
+                           (_decided(pod("r", ctr("c", mem=2)), "GPU-2", uid="other"),
+                            "UidMismatch")):
+        got = e.preferred(ResourceKind.MEMORY, _all(ResourceKind.MEMORY), [], 2, _ctx(forged))
+        assert got.entry.source is EntrySource.NODE_AGENT
+        assert any(reason in n.text for n in got.notes), got.notes

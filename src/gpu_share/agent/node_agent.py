@@ -47,6 +47,7 @@ from gpu_share.sharing.annotations import (
     inventory_key,
 )
 from gpu_share.sharing.cordon import Cordon, CordonChange, diff_cordons, scan_cordons
+from gpu_share.sharing.decision import PREVIOUS_KEY_FILE
 from gpu_share.sharing.engine import (
     Allocation,
     AllocationEngine,
@@ -235,6 +236,7 @@ class NodeAgent:
             make_policy(self.cfg.placement.policy),
             degraded_mode=self.cfg.identity.degraded_mode,
             decision_key=self._decision_key(),
+            previous_decision_keys=self._previous_decision_keys(),
             node_name=self.cfg.node_name,
         )
         # The response reads the engine's device table at each call (health, devices).
@@ -700,6 +702,18 @@ class NodeAgent:
         if not key:
             raise ConfigError(f"placement.decisionKeyFile {path} is empty")
         return key
+
+    def _previous_decision_keys(self) -> tuple[bytes, ...]:
+        """The key before the last rotation, from ``previous`` beside the key file (the
+        chart's Secret holds it during a rotation); absent or empty: none."""
+        path = self.cfg.placement.decision_key_file
+        if not path:
+            return ()
+        try:
+            key = (Path(path).parent / PREVIOUS_KEY_FILE).read_bytes().strip()
+        except OSError:
+            return ()
+        return (key,) if key else ()
 
     def _load_ledger(self, inventory: Inventory) -> Ledger:
         """The persisted ledger. One that cannot be read whole is quarantined (moved

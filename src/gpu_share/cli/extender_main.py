@@ -31,6 +31,7 @@ from gpu_share.observability.http import (
     start_http,
 )
 from gpu_share.observability.metrics import ExtenderMetrics
+from gpu_share.sharing.decision import PREVIOUS_KEY_FILE
 from gpu_share.sharing.model import ResourceNames
 from gpu_share.sharing.model_req import DEFAULT_MODEL_LABEL
 from gpu_share.sharing.placement import (
@@ -242,6 +243,15 @@ def _policy_factory(name: str) -> Callable[[ClusterView], ClusterPolicy]:
     return policy
 
 
+def _previous_keys(key_file: str) -> tuple[bytes, ...]:
+    """The key before the last rotation (``previous`` beside the key file), if any."""
+    try:
+        key = (Path(key_file).parent / PREVIOUS_KEY_FILE).read_bytes().strip()
+    except OSError:
+        return ()
+    return (key,) if len(key) >= 16 else ()
+
+
 def _extender(
     a: argparse.Namespace, names: ResourceNames, key: bytes, metrics: ExtenderMetrics
 ) -> tuple[KubeClusterView, Extender]:
@@ -253,6 +263,7 @@ def _extender(
         core_resource=names.core,
         default_workload=parse_workload(a.default_workload),
         decision_key=key,  # pod annotations count only when signed with it
+        previous_keys=_previous_keys(a.key_file),  # ... or with the one before a rotation
         model_label=a.model_label,
         on_untrusted=metrics.observe_untrusted,
     )

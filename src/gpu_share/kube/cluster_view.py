@@ -41,7 +41,12 @@ from gpu_share.sharing.annotations import (
     inventory_key,
     verify_assignment,
 )
-from gpu_share.sharing.decision import DecisionError, decision_key, verify_binding
+from gpu_share.sharing.decision import (
+    DecisionError,
+    decision_key,
+    under_any_key,
+    verify_binding,
+)
 from gpu_share.sharing.model_req import DEFAULT_MODEL_LABEL, node_model
 from gpu_share.sharing.placement import ModelReq, NodeSlots, Shape, Workload
 from gpu_share.sharing.placement.view import Usage, node_slots, pod_usage
@@ -70,6 +75,7 @@ class KubeClusterView:
         core_resource: str,
         default_workload: Workload,
         decision_key: bytes,
+        previous_keys: tuple[bytes, ...] = (),
         timeouts: KubeTimeouts | None = None,
         clock: Callable[[], float] = time.monotonic,
         on_untrusted: Callable[[str], None] | None = None,
@@ -77,11 +83,13 @@ class KubeClusterView:
         on_error: Callable[[str], None] | None = None,
     ) -> None:
         """``decision_key``: the extender's HMAC key; pod annotations that do not verify
-        under it are ignored. ``on_untrusted(reason)``: called per ignored annotation (a
-        metric hook). ``on_error(watch name)``: called per failed watch pass."""
+        under it (or under ``previous_keys``, a rotation's) are ignored.
+        ``on_untrusted(reason)``: called per ignored annotation (a metric hook).
+        ``on_error(watch name)``: called per failed watch pass."""
         self._core = k8s.CoreV1Api(api_client)
         self._domain = domain
         self._key = decision_key
+        self._keys = (decision_key, *previous_keys)  # verify with any (a key rotation)
         self._on_untrusted = on_untrusted
         self.untrusted: Counter[str] = Counter()  # reason -> annotations ignored
         self._untrusted_logged: tuple[float, int] = (float("-inf"), 0)
@@ -325,7 +333,7 @@ class KubeClusterView:
             if not isinstance(text, str) or not text:
                 continue
             try:
-                check(text, self._key, uid, node)
+                under_any_key(self._keys, partial(_verify, check, text, uid, node))
             except (AnnotationError, DecisionError) as e:
                 self._untrusted(e.reason, pod)
                 continue
@@ -513,6 +521,11 @@ def slim_pod(obj: dict[str, Any]) -> dict[str, Any]:
     if "status" in obj:
         out["status"] = _pick(obj["status"], ("phase",))
     return out
+
+
+def _verify(check: Callable[[str, bytes, str, str], object], text: str, uid: str, node: str,
+            key: bytes) -> object:
+    return check(text, key, uid, node)
 
 
 def slim_node(obj: dict[str, Any]) -> dict[str, Any]:

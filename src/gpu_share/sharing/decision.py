@@ -18,9 +18,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from gpu_share.errors import GpuShareError
 from gpu_share.sharing.model import ContainerRequest, PodView
@@ -39,6 +39,26 @@ class DecisionError(GpuShareError):
     UidMismatch, NodeMismatch, RequestMismatch, DecisionExpired."""
 
     reason = "InvalidDecision"
+
+
+_T = TypeVar("_T")
+# The file beside the decision key file holding the key before the last rotation.
+PREVIOUS_KEY_FILE = "previous"
+
+
+def under_any_key(keys: Sequence[bytes], check: Callable[[bytes], _T]) -> _T:
+    """``check(key)`` with the current key (first), else with the previous one(s): during
+    a key rotation's rollout some pods sign with the old key and some with the new. Only
+    a signature that does not verify is tried again; any other refusal stands."""
+    if not keys:
+        raise DecisionError("no decision key", reason="BadSignature")
+    for key in keys[:-1]:
+        try:
+            return check(key)
+        except GpuShareError as e:
+            if e.reason != "BadSignature":
+                raise
+    return check(keys[-1])
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from gpu_share.sharing.annotations import (
     InventoryDevice,
     PodAssignment,
 )
-from gpu_share.sharing.decision import DecisionError, decision_key, verify
+from gpu_share.sharing.decision import DecisionError, decision_key, under_any_key, verify
 from gpu_share.sharing.degraded import BlindChoice, BlindPairing
 from gpu_share.sharing.inventory import Inventory
 from gpu_share.sharing.ledger import (
@@ -91,6 +91,7 @@ class AllocationEngine:
         release_grace_s: float = DEFAULT_RELEASE_GRACE_S,
         pairing_window_s: float = DEFAULT_PAIRING_WINDOW_S,
         decision_key: bytes | None = None,
+        previous_decision_keys: tuple[bytes, ...] = (),
         node_name: str = "",
         offer_ttl_s: float = DEFAULT_OFFER_TTL_S,
     ) -> None:
@@ -106,6 +107,8 @@ class AllocationEngine:
         self._blind = BlindPairing(pairing_window_s)
         # Key of the extender's signed decisions; None: decisions are ignored.
         self.decision_key = decision_key
+        # Keys before the last rotation: their decisions are still followed (rollout).
+        self.previous_decision_keys = previous_decision_keys
         self.node_name = node_name
         self._decision_annotation = _decision_annotation(resources)
         self._notes: list[Note] = []  # facts found while deciding, drained per call
@@ -427,7 +430,9 @@ class AllocationEngine:
         if not text or self.decision_key is None:
             return None
         try:
-            d = verify(text, self.decision_key, pod, now, node=self.node_name or None)
+            d = under_any_key(
+                (self.decision_key, *self.previous_decision_keys),
+                lambda key: verify(text, key, pod, now, node=self.node_name or None))
         except DecisionError as exc:
             self._notes.append(
                 Note(NoteKind.EXTENDER_IGNORED,
