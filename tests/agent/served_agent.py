@@ -114,11 +114,14 @@ class FakePods:
 @dataclass
 class RecordingPublisher:
     node: dict[str, str | None] = field(default_factory=dict)
+    labels: dict[str, str | None] = field(default_factory=dict)
     pods: dict[tuple[str, str], dict[str, str | None]] = field(default_factory=dict)
     events: list[tuple[str, str, str]] = field(default_factory=list)
 
-    def annotate_node(self, node_name: str, annotations: Mapping[str, str | None]) -> None:
+    def annotate_node(self, node_name: str, annotations: Mapping[str, str | None],
+                      labels: Mapping[str, str | None] | None = None) -> None:
         self.node.update(annotations)
+        self.labels.update(labels or {})
 
     def annotate_pod(
         self, namespace: str, name: str, annotations: Mapping[str, str | None]

@@ -132,12 +132,16 @@ def test_a_node_whose_library_vanishes_takes_no_new_slice_until_it_is_back() -> 
         total = len(rig.all_ids(MEM))
         rig.admit(pod_view("running", ("main", 4, 0)), random.Random(1))
         _until(lambda: _status(rig).get("ready") is True)
+        assert rig.publisher.labels[enforcement_key("vendor.com")] == "hami-core"
         saved = lib.read_bytes()
         lib.unlink()
         # Within a health pass: every unit unhealthy in ListAndWatch, the reason
         # published and an Event naming the library.
         _until(lambda: _healthy_units(rig) == 0)
         _until(lambda: _status(rig).get("ready") is False)
+        # The node's label: gone while it cannot enforce (a nodeSelector on it keeps
+        # pods that need enforcement off the node).
+        _until(lambda: rig.publisher.labels.get(enforcement_key("vendor.com"), "x") is None)
         assert any(str(lib) in str(p) for p in _status(rig)["problems"])  # type: ignore[attr-defined]
         assert not rig.agent.enforcement.ready
         _until(lambda: any(r == "EnforcementUnavailable" and str(lib) in m
@@ -148,5 +152,6 @@ def test_a_node_whose_library_vanishes_takes_no_new_slice_until_it_is_back() -> 
         lib.write_bytes(saved)
         _until(lambda: _healthy_units(rig) == total)
         _until(lambda: any(r == "EnforcementReady" for _, r, _m in rig.publisher.events))
+        _until(lambda: rig.publisher.labels.get(enforcement_key("vendor.com")) == "hami-core")
         rig.admit(pod_view("after", ("main", 2, 0)), random.Random(2))
         assert rig.agent.engine.ledger.pod_entries(("default", "after")) != []

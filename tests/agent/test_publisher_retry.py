@@ -35,7 +35,8 @@ class _FlakyApi:
             raise KubeAccessError("connection refused")
         return True
 
-    def annotate_node(self, node_name: str, annotations: Mapping[str, str | None]) -> bool:
+    def annotate_node(self, node_name: str, annotations: Mapping[str, str | None],
+                      labels: Mapping[str, str | None] | None = None) -> bool:
         if not self._call():
             return False
         self.nodes.append(dict(annotations))

@@ -196,7 +196,8 @@ class _Target:
     def __init__(self) -> None:
         self.node: list[Mapping[str, str | None]] = []
 
-    def annotate_node(self, node_name: str, annotations: Mapping[str, str | None]) -> None:
+    def annotate_node(self, node_name: str, annotations: Mapping[str, str | None],
+                      labels: Mapping[str, str | None] | None = None) -> None:
         self.node.append(annotations)
 
     def annotate_pod(

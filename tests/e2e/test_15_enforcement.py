@@ -9,7 +9,8 @@ refused out-of-memory; its own ``LD_PRELOAD=`` and a limit env rewritten by its 
 change nothing. 15b: two pods on one device each stop at their own limit. 15c: a pod
 setting the limit env in its spec is refused at admission. 15d: the library vanishes from
 the node: within seconds no new slice (allocatable 0, the agent not Ready, an Event
-naming the library); restored, the waiting pod runs and is limited."""
+naming the library, the node's enforcement label gone); restored, the waiting pod runs
+and is limited."""
 
 from __future__ import annotations
 
@@ -224,11 +225,14 @@ def test_story15d_a_node_that_lost_its_library_takes_no_new_slice(
 ) -> None:
     kube = hami.kube
     lib = hami.library
+    wait_until("the node labelled as enforcing", lambda: _label(kube) == "hami-core", 60,
+               interval=1)
     saved = lib.with_name("libvgpu.so.story15")
     lib.rename(saved)
     try:
         wait_until("allocatable memory 0", lambda: kube.node_resources()["allocatable"][MEM]
                    == 0, 60, interval=1)
+        wait_until("the enforcement label gone", lambda: _label(kube) is None, 60, interval=1)
         wait_until("the agent not Ready", lambda: kube.ready_agent() is None, 60, interval=1)
         doc = json.loads(kube.get("node", kube.node)["metadata"]["annotations"][ENFORCEMENT])
         assert doc["ready"] is False and any(str(lib) in p for p in doc["problems"]), doc
@@ -245,3 +249,10 @@ def test_story15d_a_node_that_lost_its_library_takes_no_new_slice(
                interval=1)
     r = _result(kube, namespace, "waits", timeout=180)
     assert (r["allocated_mib"], r["refused_error"]) == (4096, OOM), r
+    assert _label(kube) == "hami-core"
+
+
+def _label(kube: Kube) -> str | None:
+    labels = kube.get("node", kube.node)["metadata"].get("labels") or {}
+    value = labels.get(ENFORCEMENT)
+    return str(value) if value is not None else None

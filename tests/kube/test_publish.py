@@ -41,6 +41,16 @@ def test_annotate_node_sends_strategic_merge_patch_with_null_deletes() -> None:
     }
 
 
+def test_node_labels_go_in_the_same_patch() -> None:
+    pub, http, _ = publisher(ok)
+    pub.annotate_node("node-a", {"vendor.com/inventory": "{}"},
+                      {"gpu-share.vendor.com/enforcement": None})
+    (call,) = http.calls
+    assert call.body == {"metadata": {
+        "annotations": {"vendor.com/inventory": "{}"},
+        "labels": {"gpu-share.vendor.com/enforcement": None}}}
+
+
 def test_annotate_pod_patches_pod_and_empty_mapping_is_no_call() -> None:
     pub, http, _ = publisher(ok)
     pub.annotate_pod("ns", "p", {})

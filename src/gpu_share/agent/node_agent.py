@@ -214,6 +214,7 @@ class NodeAgent:
                 enable_pods=cfg.publish.pod_annotation,
                 enable_events=cfg.publish.events,
                 on_error=self._metrics.kube_error,
+                node_labels=self._node_labels,
             )
             if publisher is not None and cfg.node_name
             else None
@@ -562,7 +563,7 @@ class NodeAgent:
                                + "; no new slice lands on this node, running ones stay")
         if changed:
             self.feed.bump()
-            self.feed_inventory_changed()
+        self.feed_inventory_changed()  # the node's annotation and label say it
 
     def _report_cordon_problems(self, problems: Sequence[tuple[str, str, str]]) -> None:
         seen = frozenset((key, reason) for key, reason, _ in problems)
@@ -988,6 +989,13 @@ class NodeAgent:
                 for d in self.engine.inventory.devices
             ]
         self._metrics.devices(rows)
+
+    def _node_labels(self) -> Mapping[str, str | None]:
+        """``gpu-share.<domain>/enforcement=<mode>`` while the node can enforce its mode
+        (a nodeSelector for pods that need it); removed while it cannot."""
+        status = self.enforcement
+        return {enforcement_key(self.cfg.resources.domain):
+                status.mode.value if status.ready else None}
 
     def _node_annotations(self) -> Mapping[str, str | None]:
         with self._lock:

@@ -31,7 +31,9 @@ class PodSource(Protocol):
 
 class Publisher(Protocol):
     # True: written or nothing to write; False: not written now (retried later).
-    def annotate_node(self, node_name: str, annotations: Mapping[str, str | None]) -> bool: ...
+    # ``labels``: node labels written in the same patch (a None value removes one).
+    def annotate_node(self, node_name: str, annotations: Mapping[str, str | None],
+                      labels: Mapping[str, str | None] | None = None) -> bool: ...
 
     def annotate_pod(
         self, namespace: str, name: str, annotations: Mapping[str, str | None]

@@ -52,10 +52,12 @@ class BackgroundPublisher:
         enable_pods: bool = True,
         enable_events: bool = True,
         on_error: Callable[[str], None] | None = None,
+        node_labels: Callable[[], Mapping[str, str | None]] | None = None,
     ) -> None:
         self._target = target
         self._node_name = node_name
         self._node_annotations = node_annotations
+        self._node_labels = node_labels
         self._pod_annotations = pod_annotations
         self._enable = (enable_node, enable_pods, enable_events)
         self._on_error = on_error
@@ -171,8 +173,10 @@ class BackgroundPublisher:
     ) -> tuple[bool, set[tuple[str, str]]]:
         """Publishes; returns what failed of the annotations (node, pods)."""
         t = self._target
+        labels = {"labels": self._node_labels()} if self._node_labels is not None else {}
         failed_node = node_dirty and not self._guard(
-            "annotate_node", t.annotate_node, self._node_name, self._node_annotations()
+            "annotate_node", t.annotate_node, self._node_name, self._node_annotations(),
+            **labels,
         )
         failed_pods: set[tuple[str, str]] = set()
         for ns, name in sorted(pods):

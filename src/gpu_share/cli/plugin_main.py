@@ -235,9 +235,10 @@ class _LazyKube:
         return self._pods().list_node_pods(node_name)
 
     # Publisher (the agent publishes from a background thread; waiting there is fine)
-    def annotate_node(self, node_name: str, annotations: Mapping[str, str | None]) -> bool:
+    def annotate_node(self, node_name: str, annotations: Mapping[str, str | None],
+                      labels: Mapping[str, str | None] | None = None) -> bool:
         p = self._pub()
-        return True if p is None else p.annotate_node(node_name, annotations)
+        return True if p is None else p.annotate_node(node_name, annotations, labels)
 
     def annotate_pod(
         self, namespace: str, name: str, annotations: Mapping[str, str | None]

@@ -80,17 +80,22 @@ class KubePublisher:
 
     # -- annotations
 
-    def annotate_node(self, node_name: str, annotations: Mapping[str, str | None]) -> bool:
+    def annotate_node(self, node_name: str, annotations: Mapping[str, str | None],
+                      labels: Mapping[str, str | None] | None = None) -> bool:
         """True when written (or nothing to write); False when it could not be: the
-        caller writes it again later (annotations are state)."""
-        if not annotations:
+        caller writes it again later (annotations are state). ``labels`` go in the
+        same patch."""
+        if not annotations and not labels:
             return True
+        patch = _annotation_patch(annotations)
+        if labels:
+            patch["metadata"]["labels"] = dict(labels)
         return self._guarded(
             "annotate_node",
             f"annotate node {node_name}",
             self._api.patch,
             f"/api/v1/nodes/{quote_name(node_name)}",
-            _annotation_patch(annotations),
+            patch,
         )
 
     def annotate_pod(
