@@ -241,11 +241,13 @@ class Trickler:
             data = s.recv(4096)
         except OSError:
             return True
-        if data.startswith(b"HTTP/1.1 100 "):
-            return False
-        if data:
-            status = data.split(b" ", 2)[1].decode(errors="replace")
-            self.answers[status] = self.answers.get(status, 0) + 1
+        if not data:
+            return True
+        data = data.removeprefix(b"HTTP/1.1 100 Continue\r\n\r\n")
+        if not data:
+            return False  # only the interim answer: the server waits for the body
+        status = data.split(b" ", 2)[1].decode(errors="replace")
+        self.answers[status] = self.answers.get(status, 0) + 1
         return True
 
     def tick(self) -> None:
@@ -264,22 +266,25 @@ class Trickler:
                 s.close()
 
 
-def probe(url: str, timeout_s: float) -> float | None:
-    """Seconds a GET of ``url`` took to answer 200, None when it did not in ``timeout_s``."""
+def probe(url: str, timeout_s: float) -> tuple[float, str]:
+    """(seconds, outcome) of a GET of ``url``: its status, or the error's name."""
     t0 = time.monotonic()
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as r:
             r.read()
-            return time.monotonic() - t0 if r.status == 200 else None
-    except OSError:
-        return None
+            outcome = str(r.status)
+    except urllib.error.HTTPError as e:
+        outcome = str(e.code)
+    except OSError as e:
+        outcome = type(getattr(e, "reason", e)).__name__
+    return time.monotonic() - t0, outcome
 
 
 def slow_bodies(n: int, length: int, expect: bool, interval_s: float, seconds: float) -> None:
     child = Child("webhook")
     url = f"http://127.0.0.1:{child.port}/healthz"
     trick = Trickler(child.port, n, length, expect)
-    took: list[float | None] = []
+    took: list[tuple[float, str]] = []
     try:
         trick.tick()  # opens them all
         time.sleep(1)
@@ -290,17 +295,22 @@ def slow_bodies(n: int, length: int, expect: bool, interval_s: float, seconds: f
             if time.monotonic() - last_tick >= interval_s:
                 trick.tick()
                 last_tick = time.monotonic()
-            time.sleep(max(0.0, 1 - (took[-1] or 5)))
+            time.sleep(max(0.0, 1 - took[-1][0]))
     finally:
         trick.close()
         child.close()
-    answered = sorted(t for t in took if t is not None)
-    within = sum(1 for t in answered if t <= 1)
-    worst = f"{answered[-1]:.2f} s" if answered else "-"
+    ok = sorted(t for t, outcome in took if outcome == "200")
+    within = sum(1 for t in ok if t <= 1)
+    failed: dict[str, int] = {}
+    for _, outcome in took:
+        if outcome != "200":
+            failed[outcome] = failed.get(outcome, 0) + 1
+    worst = f"{ok[-1]:.3f} s" if ok else "-"
     print(f"{n} slow bodies of {length} bytes{' (Expect: 100-continue)' if expect else ''}, "
-          f"1 byte per {interval_s:g} s, {seconds:g} s: /healthz answered {len(answered)}/"
-          f"{len(took)} probes, {within} within 1 s, slowest {worst}; slow connections "
-          f"reopened {trick.reopened}, server answers to them {trick.answers or '-'}")
+          f"1 byte per {interval_s:g} s, {seconds:g} s: /healthz 200 for {len(ok)}/{len(took)} "
+          f"probes ({within} within 1 s, slowest {worst}), otherwise {failed or '-'}; slow "
+          f"connections reopened {trick.reopened}, server answers to them "
+          f"{trick.answers or '-'}")
 
 
 def main() -> None:

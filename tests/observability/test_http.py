@@ -369,17 +369,17 @@ def test_an_answer_leaves_in_one_write_on_a_no_delay_socket(
     # Before: the headers and the body were two writes; on a kept-alive connection the
     # second waited for the client's delayed ACK (Nagle): ~40 ms per answer, which held
     # kube-scheduler with the extender (2 calls per pod) at ~13 pods/s.
-    import gpu_share.observability.http as h
+    from gpu_share.observability.http_io import Writer
 
     writes: list[tuple[bytes, int]] = []
-    real = h._Writer.write
+    real = Writer.write
 
     def counted(self: Any, data: bytes) -> int:
         nodelay = self.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
         writes.append((bytes(data), nodelay))
         return real(self, data)
 
-    monkeypatch.setattr(h._Writer, "write", counted)
+    monkeypatch.setattr(Writer, "write", counted)
     with bounded() as server, connect(server) as s:
         f = s.makefile("rb")
         for req, want in ((b"GET / HTTP/1.1\r\nHost: t\r\n\r\n", 200),
