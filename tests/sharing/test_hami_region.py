@@ -61,3 +61,13 @@ def test_the_enforcement_annotation_explains_only_a_node_that_cannot_enforce() -
         "enforcement 'mps' unavailable: no reason given")
     long = '{"mode":"m","ready":false,"problems":["' + "x" * 1000 + '"]}'
     assert len(enforcement_problem(long)) < 400
+
+
+@given(st.lists(st.integers(0, 1 << 22), max_size=h.MAX_DEVICES),
+       st.one_of(st.none(), st.integers(0, 100)))
+def test_the_sparse_parts_are_the_region(mem: list[int], sm: int | None) -> None:
+    """The seed is written as its non-zero parts over zeros: exactly the region."""
+    buf = bytearray(h.FILE_SIZE)
+    for offset, data in h.region_parts(mem, sm):
+        buf[offset:offset + len(data)] = data
+    assert bytes(buf) == h.region_bytes(mem, sm)

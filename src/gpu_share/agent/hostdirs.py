@@ -20,7 +20,7 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TypeAlias
 
 from gpu_share.sharing import hami_region
@@ -41,8 +41,8 @@ _serial = itertools.count()
 def seed_region(dirs: HostDirs, key: str, envs: Mapping[str, str]) -> None:
     """HAMi-core's region in the dir ``key``, its limits those of ``envs`` (the slice's
     response): set before any process of the container runs (sharing/hami_region.py)."""
-    data = hami_region.region_bytes(*hami_region.limits_from_env(envs))
-    dirs.seed(key, hami_region.CACHE_FILE, data)
+    parts = hami_region.region_parts(*hami_region.limits_from_env(envs))
+    dirs.seed(key, hami_region.CACHE_FILE, parts, hami_region.FILE_SIZE)
 
 
 class HostDirs:
@@ -84,10 +84,11 @@ class HostDirs:
             os.close(root)
         return self.path(key)
 
-    def seed(self, key: str, name: str, data: bytes) -> bool:
-        """Write ``data`` as file ``name`` in the dir ``key`` unless it is there already
-        (the container's other Allocate, or its process was first); True when written.
-        Never through a symlink; mode 0666: the container's user is unknown."""
+    def seed(self, key: str, name: str, parts: Iterable[tuple[int, bytes]], size: int) -> bool:
+        """Write file ``name`` of ``size`` bytes, ``parts`` (offset, bytes) in it and zeros
+        elsewhere (sparse), in the dir ``key`` unless it is there already (the
+        container's other Allocate, or its process was first); True when written. Never
+        through a symlink; mode 0666: the container's user is unknown."""
         _check_key(key)
         _check_key(name)
         root = self._open_root()
@@ -96,14 +97,17 @@ class HostDirs:
         finally:
             os.close(root)
         try:
+            with contextlib.suppress(FileNotFoundError):
+                os.stat(name, dir_fd=leaf, follow_symlinks=False)
+                return False  # there already: the first writer's limits stand
             tmp = f"{TRASH_PREFIX}{name}-{os.getpid()}-{next(_serial)}"
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                          | os.O_CLOEXEC, 0o666, dir_fd=leaf)
             try:
                 os.fchmod(fd, 0o666)
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
+                for offset, data in parts:
+                    _pwrite_all(fd, data, offset)
+                os.ftruncate(fd, size)
             finally:
                 os.close(fd)
             try:  # link, not rename: a file already there (the first writer's) stays
@@ -231,6 +235,13 @@ class HostDirs:
 
 def _trash_name(key: str) -> str:
     return f"{TRASH_PREFIX}{time.time_ns():x}-{next(_serial)}-{key}"
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
 
 
 def _check_key(key: str) -> None:

@@ -94,6 +94,20 @@ class RegionLimits:
 def region_bytes(memory_mib: Sequence[int], sm_percent: int | None) -> bytes:
     """The file HAMi-core itself would create for the env ``CUDA_DEVICE_MEMORY_LIMIT_<i>=
     <memory_mib[i]>m`` (+ ``CUDA_DEVICE_SM_LIMIT=<sm_percent>``)."""
+    return bytes(_region(memory_mib, sm_percent)) + b"\0"
+
+
+def region_parts(memory_mib: Sequence[int], sm_percent: int | None
+                 ) -> tuple[tuple[int, bytes], ...]:
+    """``region_bytes`` as (offset, bytes) of its non-zero parts (the header before the
+    process slots, the fields after them, about 2 KiB); the rest of its ``FILE_SIZE``
+    is zeros: written as a sparse file, a seed costs no 2 MiB write on the Allocate."""
+    view = memoryview(_region(memory_mib, sm_percent)).cast("B")
+    tail = Region.proc_num.offset
+    return ((0, bytes(view[: Region.procs.offset])), (tail, bytes(view[tail:])))
+
+
+def _region(memory_mib: Sequence[int], sm_percent: int | None) -> Region:
     if len(memory_mib) > MAX_DEVICES:
         raise ValueError(f"HAMi-core holds at most {MAX_DEVICES} devices")
     r = Region()
@@ -109,7 +123,7 @@ def region_bytes(memory_mib: Sequence[int], sm_percent: int | None) -> bytes:
     r.utilization_switch = 1
     r.recent_kernel = 2
     r.priority = 1
-    return bytes(r) + b"\0"
+    return r
 
 
 def read_limits(data: bytes) -> RegionLimits | None:
