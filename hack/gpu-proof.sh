@@ -296,8 +296,15 @@ step_driver() {
     dmem=present
     cap="$(timeout 10 head -c 2000 /sys/fs/cgroup/dmem.capacity 2>&1)"
   fi
+  # The per-cgroup memory-limit calls (driver R615+): whether this libnvidia-ml exports them.
+  local limits_api
+  limits_api="$(timeout 20 python3 -c '
+import ctypes
+lib = ctypes.CDLL("libnvidia-ml.so.1")
+print(" ".join(f"{n}={hasattr(lib, n)}" for n in
+               ("nvmlDeviceSetMemoryLimits_v1", "nvmlDeviceGetMemoryLimits_v1")))' 2>&1 | tail -n 1)"
   note driver facts "driver_version=${version}" "cgroup_fs=${fs}" "dmem_capacity=${dmem}" \
-    "dmem_capacity_text=${cap}" "kernel=$(uname -r)"
+    "dmem_capacity_text=${cap}" "kernel=$(uname -r)" "nvml_memory_limits=${limits_api}"
 }
 
 run_proof() {
@@ -391,6 +398,7 @@ from datetime import datetime, timezone
 OOM = "CUDA_ERROR_OUT_OF_MEMORY"
 LIMIT_MIB = 4096
 CONTROL_MIB = 8192
+CHUNK_MIB = 256
 SM_TOLERANCE = 0.15  # launches/s at a cap, as a share of the baseline, +- this
 STANDIN_BANNER = "NOTHING PROVEN ON HARDWARE: stand-in driver"
 
@@ -659,6 +667,32 @@ def discovery(rep, mode):
     rep.section("2. Health", hl)
 
 
+def context_mib(w):
+    """What the limited process had in use before its first chunk (its CUDA context): both
+    HAMi-core and MPS count it against the limit, so cuMemGetInfo's free starts below it."""
+    free = w.get("meminfo_free_mib_before")
+    return None if free is None else max(0, LIMIT_MIB - free)
+
+
+def driver_context_mib(c):
+    """The same without a limit, as the driver's own cuMemGetInfo tells it."""
+    total, free = c.get("meminfo_total_mib"), c.get("meminfo_free_mib_before")
+    return None if total is None or free is None else total - free
+
+
+def limit_edge_problems(w, who):
+    """The limit holds at its edge: context + chunks fit within it and one chunk more did not."""
+    got, ctx = w.get("allocated_mib") or 0, context_mib(w)
+    if not w.get("refused") or w.get("refused_error") != OOM:
+        return [f"{who}: allocated {got} MiB and was not refused with {OOM}"]
+    if ctx is None:
+        return [f"{who}: no cuMemGetInfo reading before the first chunk"]
+    if not got + ctx <= LIMIT_MIB < got + ctx + CHUNK_MIB:
+        return [f"{who}: refused at {got} MiB + {ctx} MiB context, not at the edge of the "
+                f"{LIMIT_MIB} MiB limit ({CHUNK_MIB} MiB chunks)"]
+    return []
+
+
 def hami_memory(rep):
     lib = (rep.rec("hami-memory", "library") or {}).get("note", {})
     lim, ctl = rep.rec("hami-memory", "limit-4096m"), rep.rec("hami-memory", "control-no-preload")
@@ -678,19 +712,17 @@ def hami_memory(rep):
     elif w.get("init_error"):
         problems.append(f"HAMi-core run: init failed {w['init_error']}: {tail(lim)}")
     else:
-        got = w.get("allocated_mib")
-        if not w.get("refused") or w.get("refused_error") != OOM:
-            problems.append(f"allocated {got} MiB and was not refused with {OOM}")
-        elif got != LIMIT_MIB:
-            problems.append(f"refused at {got} MiB, not at the {LIMIT_MIB} MiB limit")
+        problems += limit_edge_problems(w, "HAMi-core")
     if ran(ctl):
         problems.append(f"control run: {ran(ctl)}")
     elif c.get("allocated_mib") != CONTROL_MIB or c.get("init_error"):
         problems.append(f"control without HAMi-core: {wl_line(ctl)}")
-    fig = (f"{w.get('allocated_mib')} MiB allocated under CUDA_DEVICE_MEMORY_LIMIT_0=4096m, next "
+    fig = (f"{w.get('allocated_mib')} MiB allocated under CUDA_DEVICE_MEMORY_LIMIT_0=4096m "
+           f"+ {context_mib(w)} MiB in use at start (the context), next "
            f"256 MiB chunk {w.get('refused_error') if w.get('refused') else 'not refused'}; "
            f"cuMemGetInfo total {w.get('meminfo_total_mib')} MiB; control without HAMi-core "
-           f"{c.get('allocated_mib')} MiB (cuMemGetInfo total {c.get('meminfo_total_mib')} MiB)")
+           f"{c.get('allocated_mib')} MiB (cuMemGetInfo total {c.get('meminfo_total_mib')} MiB, "
+           f"{driver_context_mib(c)} MiB in use at start)")
     verdict = "FAIL" if problems else "PASS"
     if problems:
         fig = "; ".join(problems) + " | " + fig
@@ -789,12 +821,12 @@ def mps(rep):
         problems.append("no MPS server was listed: the clients may not have used MPS")
     if ran(mem) or w.get("init_error"):
         problems.append(f"pinned-limit run: {ran(mem) or w.get('init_error')}")
-    elif not (w.get("refused") and w.get("refused_error") == OOM
-              and LIMIT_MIB - 1024 <= (w.get("allocated_mib") or 0) <= LIMIT_MIB):
-        problems.append(f"pinned limit 4096M: {wl_line(mem)}")
+    else:
+        problems += limit_edge_problems(w, "MPS pinned limit")
     if ran(ctl) or c.get("allocated_mib") != CONTROL_MIB:
         problems.append(f"control under MPS: {ran(ctl) or wl_line(ctl)}")
-    fig = (f"pinned limit 4096M: {w.get('allocated_mib')} MiB, "
+    fig = (f"pinned limit 4096M: {w.get('allocated_mib')} MiB + {context_mib(w)} MiB in use "
+           f"at start (the context), "
            f"{'then ' + str(w.get('refused_error')) if w.get('refused') else 'none refused'}; "
            f"control {c.get('allocated_mib')} MiB")
     rep.verdict("4a", "MPS pinned memory limit", "mps", "FAIL" if problems else "PASS",
@@ -822,7 +854,8 @@ def driver(rep, mode):
     v2 = f.get("cgroup_fs") == "cgroup2fs"
     fig = (f"driver {version} (major {major}); /sys/fs/cgroup is {f.get('cgroup_fs')} "
            f"(cgroup v2: {'yes' if v2 else 'no'}); /sys/fs/cgroup/dmem.capacity "
-           f"{f.get('dmem_capacity')}; kernel {f.get('kernel')}")
+           f"{f.get('dmem_capacity')}; kernel {f.get('kernel')}; libnvidia-ml.so.1 exports "
+           f"{f.get('nvml_memory_limits') or 'unknown'}")
     if mode != "real":
         fig += " (stand-in: the driver facts are not a GPU driver's)"
     rep.verdict("5", "Driver-enforced limits (facts only)", "driver", "INFO", fig,
