@@ -14,10 +14,13 @@
 #         3 HAMi-core on CUDA: the memory limit (and a control without it), the SM cap
 #         4 MPS: a private control daemon, its pinned memory limit and thread percentage
 #         5 driver facts for driver-enforced limits (driver major, cgroup v2, dmem)
+#         6 the agent's own HAMi-core slices, applied as a runtime would (hack/gpu-delivery.py)
 #       Writes report.md and results.jsonl (one JSON object per run and per verdict) into
 #       DIR (default: $OUT if set, else .gpu-proof/out) and prints the report.
 #       Without nvidia-smi, or with --standin, the same steps run against the stand-in
 #       driver (tests/standin) and the report's first line says nothing was proven.
+#   hack/gpu-proof.sh report RESULTS OUT_DIR
+#       Judges a recorded results.jsonl again and writes OUT_DIR/report.md.
 # Exit: 0 when every step ran, whatever it found (the report says PASS/FAIL per check);
 #       1 when the proof could not run at all (not prepared, no python3, ...); 2 on usage.
 # Env:  GPU_PROOF_DIR (default <repo>/.gpu-proof), GPU_PROOF_SPIN (kernel iterations on a
@@ -37,8 +40,8 @@ LOG_PREFIX=gpu-proof
 PROOF_DIR="${GPU_PROOF_DIR:-${ROOT}/.gpu-proof}"
 MAX_PROOF_MIB=48  # the device machine takes 64 MiB of working tree in all
 # The probe's Python packages when there is no .venv to read the versions from.
-DEFAULT_PINS="nvidia-ml-py==13.615.71 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-extensions==4.16.0 typing-inspection==0.4.5 PyYAML==6.0.4"
-COMPILED_WHEELS="pydantic-core PyYAML"  # fetched once per Python version
+DEFAULT_PINS="nvidia-ml-py==13.615.71 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-extensions==4.16.0 typing-inspection==0.4.5 PyYAML==6.0.4 grpcio==1.85.3 protobuf==7.36.2 tenacity==9.2.1"
+COMPILED_WHEELS="pydantic-core PyYAML grpcio"  # fetched once per Python version
 # Made-up devices of the stand-in run.
 STANDIN_DEVICES="GPU-5e1f0000-9a11-4c0d-8e00-000000000000=16384;GPU-5e1f0000-9a11-4c0d-8e00-000000000001=16384"
 
@@ -59,7 +62,8 @@ pins() {
   "${py}" - <<'PY'
 import importlib.metadata as md
 for name in ("nvidia-ml-py", "pydantic", "pydantic-core", "annotated-types",
-             "typing-extensions", "typing-inspection", "PyYAML"):
+             "typing-extensions", "typing-inspection", "PyYAML", "grpcio", "protobuf",
+             "tenacity"):
     print(f"{name}=={md.version(name)}")
 PY
 }
@@ -307,6 +311,22 @@ print(" ".join(f"{n}={hasattr(lib, n)}" for n in
     "dmem_capacity_text=${cap}" "kernel=$(uname -r)" "nvml_memory_limits=${limits_api}"
 }
 
+# The agent's own delivery (hack/gpu-delivery.py): its records go straight to RESULTS.
+step_delivery() {
+  local left=$((DEADLINE - SECONDS)) limit=150 rc=0 log="${WORK}/logs/delivery.err"
+  if ((left < 30)); then
+    note delivery run "skipped=not run: the run's time budget (${BUDGET_S} s) was spent"
+    return 0
+  fi
+  ((limit <= left)) || limit="${left}"
+  log "delivery: the agent's Allocate applied as a runtime would (at most ${limit}s)"
+  timeout -k 5 "${limit}" env PYTHONPATH="${ROOT}/src:${ROOT}:${WORK}/site" \
+    "${PY}" -S "${ROOT}/hack/gpu-delivery.py" --libvgpu "${LIBVGPU}" --workload "${WORKLOAD}" \
+    --spin "${SPIN}" --launch-seconds "${LAUNCH_SECONDS}" >>"${RESULTS}" 2>"${log}" \
+    </dev/null || rc=$?
+  note delivery run "rc=${rc}" "stderr_tail=$(tail -c 1500 "${log}")"
+}
+
 run_proof() {
   local standin=0 out="${OUT:-}" w
   while [[ $# -gt 0 ]]; do
@@ -376,11 +396,26 @@ run_proof() {
   step_hami
   step_mps
   step_driver
+  step_delivery
 
   "${PY}" "${HELPER}" report --results "${RESULTS}" --report "${out}/report.md" \
     || die "could not write the report"
   cat "${out}/report.md"
   log "report: ${out}/report.md, raw records: ${RESULTS}"
+}
+
+# report_again RESULTS OUT_DIR: judge a recorded run's results.jsonl again (the judges as
+# this script has them now) and write OUT_DIR/report.md.
+report_again() {
+  [[ $# -eq 2 && -f "$1" ]] || usage
+  PY="$(find_python)" || die "no python3 on this machine"
+  WORK="$(mktemp -d /tmp/gpu-proof.XXXXXX)" || die "mktemp failed"
+  trap cleanup EXIT
+  write_helper >"${WORK}/proof.py"
+  mkdir -p "$2" || die "cannot create $2"
+  "${PY}" "${WORK}/proof.py" report --results "$1" --report "$2/report.md" \
+    || die "could not write the report"
+  cat "$2/report.md"
 }
 
 # The run's Python side: records each run as JSON, reads driver versions, judges and
@@ -667,11 +702,11 @@ def discovery(rep, mode):
     rep.section("2. Health", hl)
 
 
-def context_mib(w):
+def context_mib(w, limit=LIMIT_MIB):
     """What the limited process had in use before its first chunk (its CUDA context): both
     HAMi-core and MPS count it against the limit, so cuMemGetInfo's free starts below it."""
     free = w.get("meminfo_free_mib_before")
-    return None if free is None else max(0, LIMIT_MIB - free)
+    return None if free is None else max(0, limit - free)
 
 
 def driver_context_mib(c):
@@ -680,17 +715,97 @@ def driver_context_mib(c):
     return None if total is None or free is None else total - free
 
 
-def limit_edge_problems(w, who):
+def limit_edge_problems(w, who, limit=LIMIT_MIB):
     """The limit holds at its edge: context + chunks fit within it and one chunk more did not."""
-    got, ctx = w.get("allocated_mib") or 0, context_mib(w)
+    got, ctx = w.get("allocated_mib") or 0, context_mib(w, limit)
     if not w.get("refused") or w.get("refused_error") != OOM:
         return [f"{who}: allocated {got} MiB and was not refused with {OOM}"]
     if ctx is None:
         return [f"{who}: no cuMemGetInfo reading before the first chunk"]
-    if not got + ctx <= LIMIT_MIB < got + ctx + CHUNK_MIB:
+    if not got + ctx <= limit < got + ctx + CHUNK_MIB:
         return [f"{who}: refused at {got} MiB + {ctx} MiB context, not at the edge of the "
-                f"{LIMIT_MIB} MiB limit ({CHUNK_MIB} MiB chunks)"]
+                f"{limit} MiB limit ({CHUNK_MIB} MiB chunks)"]
     return []
+
+
+DELIVERY_RUNS = (  # case, what it is, the memory limit it must stop at (None: a control)
+    ("a-memory", "4-unit slice (1 GiB units), 30 cores", 4096),
+    ("a-tenant-override", "the same, the workload sets LD_PRELOAD= and a 16g limit", 4096),
+    ("a-env-only", "the same env without the response's mounts (control)", None),
+    ("b-memory", "a second pod's 2-unit slice on the same GPU", 2048),
+)
+
+
+def delivery_run_problems(r, limit):
+    w = (r or {}).get("result") or {}
+    if r is None or r.get("error") or not w:
+        return [f"no result: {(r or {}).get('error') or 'did not run'}"[:300]]
+    if limit is None:
+        ok = w.get("allocated_mib") == CONTROL_MIB and not w.get("refused")
+        return [] if ok else [f"control took {w.get('allocated_mib')} MiB, not {CONTROL_MIB}"]
+    return limit_edge_problems(w, "", limit)
+
+
+def delivery_slice_problems(rep):
+    a = rep.rec("delivery", "slice-a") or {}
+    env, mounts = a.get("env") or {}, a.get("mounts") or []
+    problems = []
+    if env.get("CUDA_DEVICE_MEMORY_LIMIT_0") != "4096m" or env.get("CUDA_DEVICE_SM_LIMIT") != "30":
+        problems.append(f"slice a's env: {env}")
+    if not any(m.split(" -> ")[1].startswith("/etc/ld.so.preload") for m in mounts if " -> " in m):
+        problems.append("slice a has no /etc/ld.so.preload mount")
+    return problems
+
+
+def delivery_sm(rep):
+    """The slice's 30-core cap against the same process without the mounts."""
+    capped = rate(rep.rec("delivery", "a-speed"))
+    base = rate(rep.rec("delivery", "a-speed-env-only"))
+    if not capped or not base:
+        return None, ["the SM-cap runs gave no launch rate"]
+    share = capped / base
+    bad = not 0.30 - SM_TOLERANCE <= share <= 0.30 + SM_TOLERANCE
+    return share, [f"30-core slice ran at {share:.2f} of the uncapped rate"] if bad else []
+
+
+def delivery(rep):
+    run = (rep.rec("delivery", "run") or {}).get("note", {})
+    agent, err = rep.rec("delivery", "agent"), rep.rec("delivery", "error")
+    lines = [f"agent: {', '.join((agent or {}).get('devices', [])) or 'did not start'}; "
+             f"resources {(agent or {}).get('resources')}"]
+    problems = [] if agent else [f"the agent did not serve: {run.get('skipped') or run.get('stderr_tail', '')[-300:]}"]
+    if err:
+        problems.append(f"broke: {err.get('error')}")
+        lines.append(f"traceback: `{err.get('traceback', '')[-600:]}`")
+    for name in ("slice-a", "slice-b"):
+        s = rep.rec("delivery", name) or {}
+        lines.append(f"{name} Allocate env: `{json.dumps(s.get('env'))}`")
+        lines += [f"  mount `{m}`" for m in s.get("mounts") or []]
+    figs = []
+    if agent:
+        problems += delivery_slice_problems(rep)
+    for case, what, limit in DELIVERY_RUNS:
+        r = rep.rec("delivery", case)
+        w = (r or {}).get("result") or {}
+        got = delivery_run_problems(r, limit)
+        problems += [f"{case}: {p.strip(': ')}" for p in got]
+        ctx = context_mib(w, limit) if limit else None
+        lines.append(f"{case} ({what}): {wl_line(r) if w else (r or {}).get('error', 'did not run')}"
+                     + (f"; {ctx} MiB in use at start" if ctx is not None else ""))
+        figs.append(f"{case} {w.get('allocated_mib')} MiB"
+                    + (f" + {ctx} context" if ctx else ""))
+    share, sm = delivery_sm(rep)
+    problems += sm
+    if share is not None:
+        figs.append(f"30-core cap {share:.2f} of the uncapped rate")
+        lines.append(f"a-speed: {wl_line(rep.rec('delivery', 'a-speed'))}; env-only: "
+                     f"{wl_line(rep.rec('delivery', 'a-speed-env-only'))}")
+    fig = "; ".join(figs)
+    if problems:
+        fig = "; ".join(problems) + " | " + fig
+    rep.verdict("6", "Agent delivery (HAMi-core)", "delivery", "FAIL" if problems else "PASS",
+                fig)
+    rep.section("6. Agent delivery", lines)
 
 
 def hami_memory(rep):
@@ -873,7 +988,7 @@ def cmd_report(a):
     mode = setup.get("mode", "standin")
     rep = Report(records)
     for part in (lambda: discovery(rep, mode), lambda: hami_memory(rep), lambda: hami_sm(rep),
-                 lambda: mps(rep), lambda: driver(rep, mode)):
+                 lambda: mps(rep), lambda: driver(rep, mode), lambda: delivery(rep)):
         try:
             part()
         except Exception as exc:  # noqa: BLE001 - a broken judge is a FAIL, not a crash
@@ -902,14 +1017,14 @@ def cmd_report(a):
     out.append("| # | check | result | figures |")
     out.append("|---|---|---|---|")
     for num, check, verdict, fig in rep.rows:
-        out.append(f"| {num} | {check} | {verdict} | {fig.replace('|', '/')} |")
+        out.append(f"| {num} | {check} | {verdict} | {' '.join(fig.replace('|', '/').split())} |")
     out.append("")
-    out.append("Not reproduced here: the agent's delivery of these limits. In a cluster the "
-               "agent mounts libvgpu.so and /etc/ld.so.preload into the container, gives it its "
-               "own cache dir and seeds HAMi-core's limits there at Allocate, or points an MPS "
-               "client at the node's control daemon. This run sets LD_PRELOAD and the limit env "
-               "by hand on one process and starts its own MPS daemon; the delivery itself is "
-               "proven only by tests/enforcement against the stand-in driver.")
+    out.append("Steps 3 and 4 set the limit env (and LD_PRELOAD) by hand on one process and "
+               "start their own MPS daemon. Step 6 is the agent's own delivery of HAMi-core "
+               "slices: the agent serving this machine's GPUs through its NVML backend, its "
+               "Allocate responses applied to the workload as a container runtime would (the "
+               "mounts, /etc/ld.so.preload among them, in a private mount namespace, then the "
+               "env); the node's MPS daemon as the agent uses it is not reproduced.")
     for title, lines in rep.sections:
         out.append("")
         out.append(f"## {title}")
@@ -942,6 +1057,7 @@ main() {
   case "${1:-}" in
     prepare) shift; prepare "$@" ;;
     run) shift; run_proof "$@" ;;
+    report) shift; report_again "$@" ;;
     -h | --help | "") usage ;;
     *) usage ;;
   esac

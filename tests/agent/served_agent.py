@@ -20,6 +20,7 @@ from typing import Any
 
 from gpu_share.agent.node_agent import NodeAgent
 from gpu_share.config.model import AgentConfig
+from gpu_share.devices.base import DeviceBackend
 from gpu_share.devices.dummy import DummyBackend
 from gpu_share.plugin.manager import PluginManager
 from gpu_share.plugin.podresources import PodResourcesClient
@@ -147,12 +148,19 @@ class Rig:
     publisher: RecordingPublisher
     agent: NodeAgent | None = None
     manager: PluginManager | None = None
+    # None: the dummy backend of ``cfg``; else the backend to serve (hack/gpu-delivery.py
+    # serves the NVML backend of a real GPU).
+    backend_factory: Callable[[AgentConfig], DeviceBackend] | None = None
     clients: dict[str, PluginClient] = field(default_factory=dict)
     # What the simulated kubelet has allocated: (ns, pod, container) -> resource -> ids
     held: dict[tuple[str, str, str], dict[str, list[str]]] = field(default_factory=dict)
 
     def start_agent(self) -> None:
-        backend = DummyBackend(self.cfg.dummy, self.cfg.node_name, check_interval_s=0.05)
+        backend: DeviceBackend
+        if self.backend_factory is None:
+            backend = DummyBackend(self.cfg.dummy, self.cfg.node_name, check_interval_s=0.05)
+        else:
+            backend = self.backend_factory(self.cfg)
         backend.start()
         client = PodResourcesClient(
             str(self.dir / "pr.sock"), timeout_s=1.0, resource_names=[MEM, CORE]
@@ -240,13 +248,17 @@ def pod_view(name: str, *containers: tuple[str, int, int], uid: str | None = Non
 
 
 @contextlib.contextmanager
-def running_rig(make_cfg: Callable[[Path], AgentConfig] = agent_config) -> Iterator[Rig]:
+def running_rig(
+    make_cfg: Callable[[Path], AgentConfig] = agent_config,
+    backend_factory: Callable[[AgentConfig], DeviceBackend] | None = None,
+) -> Iterator[Rig]:
     """A started ``Rig`` on a fresh dir, its config ``make_cfg(dir)``."""
     with scratch_dir() as d:
         cfg = make_cfg(d)
         kubelet = KubeletStub(d / "dp").start()
         pr = FakePodResources(d / "pr.sock").start()
-        r = Rig(d, cfg, kubelet, pr, FakePods(), RecordingPublisher())
+        r = Rig(d, cfg, kubelet, pr, FakePods(), RecordingPublisher(),
+                backend_factory=backend_factory)
         try:
             r.start_agent()
             yield r
@@ -256,9 +268,12 @@ def running_rig(make_cfg: Callable[[Path], AgentConfig] = agent_config) -> Itera
             kubelet.stop()
 
 
-def rig_with(sections: Mapping[str, Any]) -> contextlib.AbstractContextManager[Rig]:
+def rig_with(
+    sections: Mapping[str, Any],
+    backend_factory: Callable[[AgentConfig], DeviceBackend] | None = None,
+) -> contextlib.AbstractContextManager[Rig]:
     """``running_rig`` with config ``sections`` (see ``agent_config``) set."""
-    return running_rig(lambda d: agent_config(d, **sections))
+    return running_rig(lambda d: agent_config(d, **sections), backend_factory)
 
 
 def spawn_agent(

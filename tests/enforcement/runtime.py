@@ -49,6 +49,22 @@ class Image:
         return os.path.join(self.standin_dir, "gpu-workload")
 
 
+@dataclass(frozen=True)
+class HostImage:
+    """A workload image for the driver this host has (a real GPU's, or the stand-in's when
+    the caller's env points at it): the driver's env is passed through as the NVIDIA
+    toolkit would inject the driver into a real image."""
+
+    workload: str
+
+    def env(self) -> dict[str, str]:
+        keep = ("LD_LIBRARY_PATH", "GPU_SHARE_STANDIN_DEVICES", "GPU_SHARE_STANDIN_STATE_DIR",
+                "GPU_SHARE_STANDIN_CONFIG")
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+        env.update({k: os.environ[k] for k in keep if k in os.environ})
+        return env
+
+
 def _mount_lines(mounts: Sequence[dp.Mount]) -> list[str]:
     lines = []
     ordered = sorted(mounts, key=lambda m: m.container_path == _PRELOAD)
@@ -95,7 +111,7 @@ class Container:
 
 def start(
     resp: dp.ContainerAllocateResponse,
-    image: Image,
+    image: Image | HostImage,
     argv: Sequence[str],
     *,
     env: Mapping[str, str] | None = None,
@@ -140,7 +156,7 @@ def finish(ctr: Container, timeout_s: float = 60) -> Run:
 
 def run(
     resp: dp.ContainerAllocateResponse,
-    image: Image,
+    image: Image | HostImage,
     argv: Sequence[str],
     *,
     env: Mapping[str, str] | None = None,

@@ -8,17 +8,20 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpu_share.plugin.proto import deviceplugin_v1beta1_pb2 as dp
 from tests.agent.served_agent import CORE, MEM, Rig, pod_view, rig_with
-from tests.enforcement.conftest import Built
-from tests.enforcement.runtime import Image
+from tests.enforcement.runtime import HostImage, Image
+
+if TYPE_CHECKING:  # conftest imports pytest; hack/gpu-delivery.py runs without it
+    from tests.enforcement.conftest import Built
 
 
 @dataclass
 class Node:
     rig: Rig
-    image: Image
+    image: Image | HostImage
 
     def slice(self, name: str, memory_units: int, cores: int = 0) -> dp.ContainerAllocateResponse:
         """The kubelet admits pod ``name`` with one container asking for ``memory_units``

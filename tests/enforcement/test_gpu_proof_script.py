@@ -61,7 +61,9 @@ def test_prepare_then_run_standin_reports_every_step(built: Built, tmp_path: Pat
 
     records = [json.loads(ln) for ln in (out / "results.jsonl").read_text().splitlines()]
     verdicts: dict[str, dict[str, Any]] = {r["step"]: r for r in records if "verdict" in r}
-    assert set(verdicts) == {"discovery", "health", "hami-memory", "hami-sm", "mps", "driver"}
+    assert set(verdicts) == {
+        "discovery", "health", "hami-memory", "hami-sm", "mps", "driver", "delivery"
+    }
 
     disc = verdicts["discovery"]
     assert disc["verdict"] == "PASS", disc
@@ -85,3 +87,46 @@ def test_prepare_then_run_standin_reports_every_step(built: Built, tmp_path: Pat
     ]
     assert all(r["rc"] == 0 and r["result"]["launches"] > 0 for r in sm_runs), sm_runs
     assert verdicts["mps"]["verdict"] in ("SKIP", "PASS", "FAIL")
+
+    # Step 6: the agent's own slices, applied as a runtime would, stop at their limits.
+    got = {
+        r["case"]: r.get("result") or {}
+        for r in records
+        if r.get("step") == "delivery" and "case" in r
+    }
+    assert {c: (got[c].get("allocated_mib"), got[c].get("refused")) for c in (
+        "a-memory", "a-tenant-override", "a-env-only", "b-memory")} == {
+        "a-memory": (4096, True), "a-tenant-override": (4096, True),
+        "a-env-only": (8192, False), "b-memory": (2048, True)}, got
+    assert all(got[c]["launches"] > 0 for c in ("a-speed", "a-speed-env-only")), got
+
+    # The judges fail a limit that does not hold at its edge, context counted.
+    _rejudged_fails(out / "results.jsonl", tmp_path, records)
+
+
+def _edit(records: list[dict[str, Any]], step: str, case: str, **result: Any) -> None:
+    rec = next(r for r in records if r.get("step") == step and r.get("case") == case)
+    rec["result"] = {**rec["result"], **result}
+
+
+def _rejudged_fails(results: Path, tmp: Path, records: list[dict[str, Any]]) -> None:
+    raw = [r for r in records if "verdict" not in r]
+    again = _bash("report", str(results), str(tmp / "same"), timeout=60)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert (tmp / "same" / "report.md").read_text().count("| FAIL |") == 0
+    # HAMi-core let a process hold 256 MiB past its limit (its context of 256 MiB counted);
+    # a slice stopped 512 MiB short of its edge; the control was refused.
+    _edit(raw, "hami-memory", "limit-4096m", meminfo_free_mib_before=3840, allocated_mib=4096)
+    _edit(raw, "delivery", "b-memory", allocated_mib=1536)
+    _edit(raw, "delivery", "a-env-only", allocated_mib=4096, refused=True)
+    bad = tmp / "bad.jsonl"
+    bad.write_text("".join(json.dumps(r) + "\n" for r in raw))
+    rep = _bash("report", str(bad), str(tmp / "bad"), timeout=60)
+    assert rep.returncode == 0, rep.stderr[-2000:]
+    rows = {ln.split("|")[2].strip(): ln for ln in rep.stdout.splitlines()
+            if ln.startswith("| ") and ln.count("|") >= 5}
+    assert "| FAIL |" in rows["HAMi-core memory limit"], rows
+    assert "not at the edge of the 4096 MiB limit" in rows["HAMi-core memory limit"]
+    delivery = rows["Agent delivery (HAMi-core)"]
+    assert "| FAIL |" in delivery, delivery
+    assert "b-memory: refused at 1536 MiB" in delivery and "control took 4096" in delivery
