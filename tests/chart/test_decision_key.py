@@ -173,7 +173,8 @@ def test_the_scheduler_runs_in_the_host_network_where_asked(helm: str) -> None:
     sched, ext = spec["containers"]
     env = [{"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
            {"name": "KUBERNETES_SERVICE_PORT", "value": "6443"}]
-    assert sched["env"] == ext["env"] == env
+    pod_ip = {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+    assert sched["env"] == env and ext["env"] == [pod_ip, *env]
     assert "--secure-port=10359" in sched["command"]
     assert sched["livenessProbe"]["httpGet"]["port"] == 10359
 
@@ -182,11 +183,14 @@ def test_the_scheduler_defaults_are_the_pod_network(helm: str) -> None:
     dep = one(render(helm, sets=SIDECAR), "Deployment", "scheduler")
     spec = dep["spec"]["template"]["spec"]
     assert "strategy" not in dep["spec"] and "hostNetwork" not in spec
-    assert all("env" not in c for c in spec["containers"])
+    assert "env" not in spec["containers"][0]
+    assert [e["name"] for e in spec["containers"][1]["env"]] == ["POD_IP"]
     assert "--secure-port=10259" in spec["containers"][0]["command"]
     # service mode: the extender's own Deployment does not take the scheduler's env.
     ext = one(render(helm, sets=[*SERVICE, *HOST[1:]]), "Deployment", "extender")
-    assert "env" not in ext["spec"]["template"]["spec"]["containers"][0]
+    assert [e["name"] for e in ext["spec"]["template"]["spec"]["containers"][0]["env"]] == [
+        "POD_IP"
+    ]
 
 
 @pytest.mark.parametrize("minor", [KUBE_MINORS[1], KUBE_MINORS[-1]])  # VAP: 1.30+

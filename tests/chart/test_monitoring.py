@@ -164,7 +164,7 @@ def _extender_container(objs: list[dict[str, Any]], mode: str) -> dict[str, Any]
 def test_extender_serves_metrics_on_a_named_port_in_both_modes(helm: str) -> None:
     for mode, sets in (("sidecar", [SCHED, ON]), ("service", [SCHED, SERVICE, ON])):
         c = _extender_container(render(helm, sets=sets), mode)
-        assert "--metrics-port=9402" in c["args"] and "--metrics-bind=0.0.0.0" in c["args"]
+        assert "--metrics-port=9402" in c["args"] and "--metrics-bind=$(POD_IP)" in c["args"]
         assert {"name": "metrics", "containerPort": 9402} in c["ports"], mode
         # The scheduler's API keeps its own listener: loopback (sidecar) or mTLS (service).
         listen = [a for a in c["args"] if a.startswith("--listen=")]

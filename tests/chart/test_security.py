@@ -84,7 +84,12 @@ def test_sidecar_is_the_default_and_listens_on_loopback_only(helm: str) -> None:
     # The only listener off loopback is the read-only metrics one (GET /metrics, probes:
     # nothing there filters, scores or binds; tests/extender/test_metrics.py).
     assert not [a for a in ext["args"] if "insecure" in a]
-    assert [a for a in ext["args"] if "0.0.0.0" in a] == ["--metrics-bind=0.0.0.0"]
+    assert not [a for a in ext["args"] if "0.0.0.0" in a]
+    # The metrics listener binds the pod's own address (downward API), not every interface.
+    assert "--metrics-bind=$(POD_IP)" in ext["args"]
+    assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in ext[
+        "env"
+    ]
     assert ext["ports"] == [{"name": "metrics", "containerPort": 9402}]
     for probe, path in (("readinessProbe", "readyz"), ("livenessProbe", "healthz")):
         assert set(ext[probe]) - {"initialDelaySeconds", "periodSeconds", "timeoutSeconds"} == {
@@ -328,6 +333,61 @@ def test_rendered_flags_make_the_binary_require_client_certificates(tmp_path: Pa
     # Without the TLS flags the same listen address is refused by the binary.
     bare = [a for a in args if not a.startswith(("--tls-", "--client-ca-file"))]
     assert "without mutual TLS" in str(_binary_plan(bare, {}))
+
+
+HOST_SIDECAR = [*SCHED, "scheduler.hostNetwork=true"]
+
+
+def test_host_network_sidecar_takes_mutual_tls(tmp_path: Path) -> None:
+    """In the host network the pod's 127.0.0.1 is the node's: any process or host-network
+    pod there could call /bind over plain HTTP. The sidecar then takes mutual TLS as in
+    service mode: the binary, given the rendered args and the chart's generated files,
+    accepts only the scheduler's client certificate, for the name the scheduler's config
+    checks; the scheduler and the probes present that certificate."""
+    objs = render(helm_path(4), sets=HOST_SIDECAR)
+    dep = _deployment(objs, f"{FN}-scheduler")
+    assert dep["spec"]["template"]["spec"]["hostNetwork"] is True
+    ext = _containers(dep)["extender"]
+    server_dir = tmp_path / "server"
+    _write_dir(server_dir, _secret_data(objs, f"{FN}-extender-server-tls"))
+    client = _write_dir(tmp_path / "client", _secret_data(objs, f"{FN}-extender-client-tls"))
+    plan = _binary_plan(ext["args"], {"/etc/gpu-share-extender-tls": server_dir})
+    assert not isinstance(plan, Exception), plan
+    assert plan.mutual_tls and plan.tls is not None
+    assert (plan.host, plan.port) == ("127.0.0.1", 8888)
+
+    (cfg,) = _scheduler_config(objs)["extenders"]
+    name = f"{EXT_SVC}.{NAMESPACE}.svc"
+    assert cfg["urlPrefix"] == "https://127.0.0.1:8888" and cfg["enableHTTPS"] is True
+    assert cfg["tlsConfig"] == {
+        "insecure": False,
+        "serverName": name,
+        "certFile": "/etc/gpu-share-extender-client/tls.crt",
+        "keyFile": "/etc/gpu-share-extender-client/tls.key",
+        "caFile": "/etc/gpu-share-extender-client/ca.crt",
+    }
+    assert _handshake(plan.tls, client, client["ca.crt"], name) == "ok"
+    assert "certificate" in _handshake(plan.tls, None, client["ca.crt"], name)
+
+    sched = _containers(dep)["kube-scheduler"]
+    tls_mount = {
+        "name": "extender-client-tls",
+        "mountPath": "/etc/gpu-share-extender-client",
+        "readOnly": True,
+    }
+    assert tls_mount in sched["volumeMounts"] and tls_mount in ext["volumeMounts"]
+    for probe, path in (("readinessProbe", "readyz"), ("livenessProbe", "healthz")):
+        cmd = ext[probe]["exec"]["command"]
+        assert cmd[-1] == f"https://127.0.0.1:8888/{path}", cmd
+        opts = dict(zip(cmd[4:-1:2], cmd[5:-1:2], strict=True))
+        assert opts == {
+            "--cert": "/etc/gpu-share-extender-client/tls.crt",
+            "--key": "/etc/gpu-share-extender-client/tls.key",
+            "--ca": "/etc/gpu-share-extender-client/ca.crt",
+            "--server-name": name,
+        }
+    # Metrics: the node's address (the pod's IP in the host network), not 0.0.0.0.
+    assert "--metrics-bind=$(POD_IP)" in ext["args"]
 
 
 def test_rendered_sidecar_flags_serve_loopback_without_tls() -> None:

@@ -14,7 +14,9 @@ pod's host ports).
 13a a pod with ``schedulerName: gpu-share-scheduler`` asking a slice is bound by the
     extender with a signed decision, and the agent follows it: the assignment says
     ``source: extender`` and names the decision's device, which is what the kubelet
-    handed out and what the container was told;
+    handed out and what the container was told; the scheduler reached the extender over
+    mutual TLS on the node's loopback, where any other process of the node gets nothing
+    from ``/bind`` (plain HTTP, or TLS without the client certificate);
 13b a pod asking more memory units than one device has (but fewer than the node has
     free) stays Pending, ``PodScheduled=False/Unschedulable``, with the extender's
     reason in its FailedScheduling event; it is never sent to the kubelet;
@@ -35,7 +37,10 @@ from __future__ import annotations
 import base64
 import json
 import secrets
+import ssl
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +73,7 @@ MODELS = models_key("vendor.com")  # gpu-share.vendor.com/models
 NODE_MODEL = "Dummy-NPU"  # the chart's dummy model ("Dummy NPU") in label form
 IMAGE_SCRIPT = REPO / "hack" / "build-scheduler-image.sh"
 # Not 10259: the local cluster's own kube-scheduler listens there on the host.
+EXTENDER_PORT = 8888  # scheduler.extender.port (the chart default)
 SECURE_PORT = 10359
 
 
@@ -234,6 +240,26 @@ def _landed(kube: Kube, ns: str, name: str, key: bytes) -> tuple[dict[str, Any],
     return p, chosen[0]
 
 
+def _node_process_bind(namespace: str) -> list[str]:
+    """What a process of the node (this test runs on it) gets from the sidecar's /bind on
+    the node's 127.0.0.1: each attempt's failure, or "answered" when one got through."""
+    body = json.dumps({"PodName": "victim", "PodNamespace": namespace, "PodUID": "u",
+                       "Node": "x"}).encode()
+    got = []
+    no_cert = ssl.create_default_context()
+    no_cert.check_hostname, no_cert.verify_mode = False, ssl.CERT_NONE
+    for scheme, ctx in (("http", None), ("https", no_cert)):
+        req = urllib.request.Request(f"{scheme}://127.0.0.1:{EXTENDER_PORT}/bind", body)
+        try:
+            with urllib.request.urlopen(req, timeout=10, context=ctx) as resp:
+                got.append(f"{scheme}: answered {resp.status}")
+        except urllib.error.HTTPError as exc:
+            got.append(f"{scheme}: answered {exc.code}")
+        except (urllib.error.URLError, OSError) as exc:
+            got.append(f"{scheme}: refused ({exc})")
+    return got
+
+
 def test_story13a_scheduled_pod_runs_on_the_extenders_device(
     scheduled: Scheduled, namespace: str
 ) -> None:
@@ -246,6 +272,9 @@ def test_story13a_scheduled_pod_runs_on_the_extenders_device(
     events = kube.events(namespace, "slice")
     assert any(e.startswith("Scheduled:") for e in events), events
     _say(f"slice on {dev} (signed decision followed); events {events}")
+    attempts = _node_process_bind(namespace)
+    assert all(": refused" in a for a in attempts), attempts
+    _say(f"/bind from another process of the node: {attempts}")
 
 
 def _unschedulable(kube: Kube, ns: str, name: str) -> dict[str, Any] | None:

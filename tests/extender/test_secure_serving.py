@@ -206,3 +206,24 @@ def test_invalid_resource_names_refuse_to_start(capsys: pytest.CaptureFixture[st
     assert extender_main.main(["--domain", "x" * 300]) == 2
     err = capsys.readouterr().err
     assert "invalid resource names" in err and len(err) < 600
+
+
+def test_the_probe_presents_the_client_certificate(
+    pki: Pki, https: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The chart's exec probes of a mutual-TLS sidecar (host network): ``gpu-share probe``
+    with the scheduler's certificate and the name the server's certificate carries."""
+    from gpu_share.cli.admin import main as admin
+
+    port, _ = https
+    url = f"https://127.0.0.1:{port}/healthz"
+    tls = ["--cert", str(pki.client_cert), "--key", str(pki.client_key), "--ca", str(pki.ca)]
+    assert admin(["probe", *tls, url]) == 0
+    assert admin(["probe", *tls, "--server-name", "localhost", url]) == 0
+    assert "200" in capsys.readouterr().out
+    # No certificate: the server refuses the handshake; a name outside the certificate:
+    # the probe refuses the server.
+    assert admin(["probe", "--ca", str(pki.ca), url]) == 1
+    assert admin(["probe", *tls, "--server-name", "evil.example.com", url]) == 1
+    other = ["--cert", str(pki.other_client_cert), "--key", str(pki.other_client_key)]
+    assert admin(["probe", *other, "--ca", str(pki.ca), url]) == 1

@@ -169,6 +169,21 @@ unless admissionPolicy.allowUnprotected says to install without them. */}}
 {{- .Values.scheduler.extender.mode | default "sidecar" -}}
 {{- end -}}
 
+{{/* "true" when the extender's API takes mutual TLS only: service mode, and sidecar mode
+in the host network (its 127.0.0.1 is then the node's, reachable by every process and
+host-network pod there). */}}
+{{- define "gpu-share.extenderTLS" -}}
+{{- if or (eq (include "gpu-share.extenderMode" .) "service") .Values.scheduler.hostNetwork -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* The name the extender's server certificate carries (the Service's, also in sidecar
+mode, where the scheduler reaches it on 127.0.0.1 and checks this name). */}}
+{{- define "gpu-share.extenderServerName" -}}
+{{- printf "%s-extender.%s.svc" (include "gpu-share.fullname" .) .Release.Namespace -}}
+{{- end -}}
+
 {{/* ServiceAccount the extender runs as: the scheduler pod's in sidecar mode. */}}
 {{- define "gpu-share.extenderServiceAccount" -}}
 {{- $fn := include "gpu-share.fullname" . -}}
@@ -319,6 +334,10 @@ Service: HTTPS requiring a client certificate of the CA in ca.crt; probed by TCP
 {{- $ext := $root.Values.scheduler.extender -}}
 {{- $res := $root.Values.agentConfig.resources -}}
 {{- $sidecar := eq .mode "sidecar" -}}
+{{- $tls := include "gpu-share.extenderTLS" $root -}}
+{{- $scheme := ternary "https" "http" (eq $tls "true") -}}
+{{- /* Probes of a mutual-TLS API present the scheduler's client certificate. */}}
+{{- $probeTLS := list "--cert" "/etc/gpu-share-extender-client/tls.crt" "--key" "/etc/gpu-share-extender-client/tls.key" "--ca" "/etc/gpu-share-extender-client/ca.crt" "--server-name" (include "gpu-share.extenderServerName" $root) -}}
 - name: extender
   image: {{ include "gpu-share.image" $root }}
   imagePullPolicy: {{ $root.Values.image.pullPolicy }}
@@ -328,6 +347,8 @@ Service: HTTPS requiring a client certificate of the CA in ca.crt; probed by TCP
     - --listen=127.0.0.1:{{ $ext.port }}
     {{- else }}
     - --listen=0.0.0.0:{{ $ext.port }}
+    {{- end }}
+    {{- if $tls }}
     - --tls-cert-file=/etc/gpu-share-extender-tls/tls.crt
     - --tls-key-file=/etc/gpu-share-extender-tls/tls.key
     - --client-ca-file=/etc/gpu-share-extender-tls/ca.crt
@@ -345,10 +366,16 @@ Service: HTTPS requiring a client certificate of the CA in ca.crt; probed by TCP
     - --workers={{ $ext.workers }}
     {{- if $ext.metrics.port }}
     - --metrics-port={{ int $ext.metrics.port }}
-    - --metrics-bind={{ $ext.metrics.bindAddress }}
+    - --metrics-bind={{ $ext.metrics.bindAddress | default "$(POD_IP)" }}
     {{- end }}
-  {{- with (and $sidecar $root.Values.scheduler.extraEnv) }}
   env:
+    # The pod's own address: the metrics listener binds it unless metrics.bindAddress says
+    # otherwise (in the host network, the node's address, not every interface).
+    - name: POD_IP
+      valueFrom:
+        fieldRef:
+          fieldPath: status.podIP
+  {{- with (and $sidecar $root.Values.scheduler.extraEnv) }}
     {{- toYaml . | nindent 4 }}
   {{- end }}
   {{- if $sidecar }}
@@ -359,12 +386,12 @@ Service: HTTPS requiring a client certificate of the CA in ca.crt; probed by TCP
   {{- end }}
   readinessProbe:
     exec:
-      command: ["gpu-share", "probe", "--timeout", "3", "http://127.0.0.1:{{ $ext.port }}/readyz"]
+      command: {{ concat (list "gpu-share" "probe" "--timeout" "3") (ternary $probeTLS (list) (eq $tls "true")) (list (printf "%s://127.0.0.1:%v/readyz" $scheme $ext.port)) | toJson }}
     periodSeconds: 10
     timeoutSeconds: 5
   livenessProbe:
     exec:
-      command: ["gpu-share", "probe", "--timeout", "3", "http://127.0.0.1:{{ $ext.port }}/healthz"]
+      command: {{ concat (list "gpu-share" "probe" "--timeout" "3") (ternary $probeTLS (list) (eq $tls "true")) (list (printf "%s://127.0.0.1:%v/healthz" $scheme $ext.port)) | toJson }}
     initialDelaySeconds: 10
     periodSeconds: 20
     timeoutSeconds: 5
@@ -397,9 +424,14 @@ Service: HTTPS requiring a client certificate of the CA in ca.crt; probed by TCP
     - name: decision-key
       mountPath: {{ $root.Values.scheduler.decisionKey.mountPath }}
       readOnly: true
-    {{- if not $sidecar }}
+    {{- if $tls }}
     - name: extender-tls
       mountPath: /etc/gpu-share-extender-tls
+      readOnly: true
+    {{- end }}
+    {{- if and $sidecar $tls }}
+    - name: extender-client-tls
+      mountPath: /etc/gpu-share-extender-client
       readOnly: true
     {{- end }}
 {{- end -}}

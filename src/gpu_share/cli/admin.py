@@ -1,6 +1,8 @@
 """``gpu-share``: the admin CLI.
 
-    gpu-share probe URL                 exit 0 when URL answers 200 (helm test, probes)
+    gpu-share probe URL [--cert F --key F --ca F --server-name NAME]
+                                        exit 0 when URL answers 200 (helm test, probes);
+                                        with a client certificate for mutual-TLS listeners
     gpu-share config validate FILE [--devices N --device-memory-mib MIB]
                                         check a v1 config file as the agent would (with the
                                         node's devices: the dummy section, or N x MIB);
@@ -17,11 +19,14 @@
 from __future__ import annotations
 
 import argparse
+import http.client
 import os
+import ssl
 import sys
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
+from typing import Any
 
 from gpu_share.config.loader import config_from_namespace, dump_config, flag_int
 from gpu_share.config.model import AgentConfig, BackendKind
@@ -34,9 +39,24 @@ MAX_DESCRIBED_DEVICES = 1024
 MAX_DESCRIBED_MEMORY_MIB = 16 * 1024 * 1024
 
 
-def _probe(url: str, timeout: float) -> int:
+def _probe_context(args: argparse.Namespace) -> ssl.SSLContext | None:
+    """The TLS client of a probe of a mutual-TLS listener: its CA, our certificate, and the
+    name its certificate carries when the URL's host (127.0.0.1) is not in it."""
+    if not (args.cert or args.ca):
+        return None
+    ctx = ssl.create_default_context(cafile=args.ca)
+    if args.cert:
+        ctx.load_cert_chain(args.cert, args.key)
+    return ctx
+
+
+def _probe(url: str, timeout: float, ctx: ssl.SSLContext | None = None,
+           server_name: str | None = None) -> int:
+    handlers: list[urllib.request.BaseHandler] = []
+    if ctx is not None:
+        handlers.append(_NamedHTTPSHandler(ctx, server_name))
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
+        with urllib.request.build_opener(*handlers).open(url, timeout=timeout) as resp:
             body = resp.read(200).decode(errors="replace").strip()
             print(f"{resp.status} {body}")
             return 0 if resp.status == 200 else 1
@@ -45,6 +65,37 @@ def _probe(url: str, timeout: float) -> int:
     except (urllib.error.URLError, OSError) as exc:
         print(f"unreachable: {exc}", file=sys.stderr)
     return 1
+
+
+class _NamedHTTPSConnection(http.client.HTTPSConnection):
+    """HTTPS whose server certificate must carry ``server_name`` (SNI and host name check)
+    instead of the host connected to."""
+
+    def __init__(self, *args: Any, server_name: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.server_name = server_name
+
+    def connect(self) -> None:
+        http.client.HTTPConnection.connect(self)
+        self.sock = self._context.wrap_socket(  # type: ignore[attr-defined]
+            self.sock, server_hostname=self.server_name
+        )
+
+
+class _NamedHTTPSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, ctx: ssl.SSLContext, server_name: str | None) -> None:
+        super().__init__(context=ctx)
+        self._ctx, self._name = ctx, server_name
+
+    def https_open(self, req: urllib.request.Request) -> Any:
+        if not self._name:
+            return super().https_open(req)
+        return self.do_open(
+            _NamedHTTPSConnection,  # type: ignore[arg-type]
+            req,
+            context=self._ctx,
+            server_name=self._name,
+        )
 
 
 def _load(path: str | None) -> AgentConfig:
@@ -132,6 +183,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = sub.add_parser("probe", help="GET a URL; exit 0 on HTTP 200")
     p.add_argument("url")
     p.add_argument("--timeout", type=float, default=5.0)
+    p.add_argument("--cert", help="client certificate (PEM) for a mutual-TLS listener")
+    p.add_argument("--key", help="its private key (PEM)")
+    p.add_argument("--ca", help="CA bundle that signed the server's certificate")
+    p.add_argument("--server-name", help="name the server's certificate must carry "
+                   "(default: the URL's host)")
     c = sub.add_parser("config", help="validate or show a config file")
     csub = c.add_subparsers(dest="config_cmd", required=True)
     cv = csub.add_parser(
@@ -166,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         if args.cmd == "probe":
-            return _probe(args.url, args.timeout)
+            return _probe(args.url, args.timeout, _probe_context(args), args.server_name)
         if args.cmd == "config":
             if args.config_cmd == "validate":
                 return _validate(args.file, args.devices, args.device_memory_mib)
