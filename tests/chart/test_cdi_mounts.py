@@ -1,7 +1,8 @@
 """Pools that name devices through CDI get the runtime's spec dirs: the transient one
 read-write (the agent writes its spec there and removes it on exit), the static one
 read-only (the agent reads nvidia-ctk's specs so as not to define their devices twice).
-Other pools mount neither."""
+Other device-plugin pools mount the transient one only, with the DRA plugin dir: they
+remove what a DRA pool of the same driver left there (agent/dra_leftovers.py)."""
 
 from __future__ import annotations
 
@@ -44,7 +45,9 @@ def test_cdi_dirs_mounted_only_for_cdi_strategies() -> None:
         for ds in agents.values():
             mounts, vols = _agent_mounts(ds)
             dyn, static = mounts.get("/var/run/cdi"), mounts.get("/etc/cdi")
-            assert (dyn is not None) is mounted, (strategies, sorted(mounts))
+            assert dyn is not None, (strategies, sorted(mounts))
+            assert not dyn.get("readOnly", False)
+            assert "/var/lib/kubelet/plugins/gpu-share.vendor.com" in mounts
             assert (static is not None) is mounted, (strategies, sorted(mounts))
             if mounted:
                 assert dyn is not None and static is not None
@@ -82,5 +85,6 @@ def test_cdi_host_dirs_follow_values_and_pool_overrides(tmp_path: Path) -> None:
     mounts, vols = _agent_mounts(cdi)
     assert vols[mounts["/var/run/cdi"]["name"]]["hostPath"]["path"] == "/run/cdi-x"
     assert vols[mounts["/etc/cdi"]["name"]]["hostPath"]["path"] == "/opt/cdi"
-    mounts, _ = _agent_mounts(plain)
-    assert "/var/run/cdi" not in mounts and "/etc/cdi" not in mounts
+    mounts, vols = _agent_mounts(plain)
+    assert "/etc/cdi" not in mounts
+    assert vols[mounts["/var/run/cdi"]["name"]]["hostPath"]["path"] == "/run/cdi-x"

@@ -63,10 +63,15 @@ def test_nothing_of_dra_without_a_dra_pool() -> None:
     objs = render(helm_path(4))
     assert not by_kind(objs, "DeviceClass")
     assert _role(objs) == merged_rules()
-    assert not any(g == "resource.k8s.io" for g, _ in _role(objs))
+    # Claims are read in every mode (those a DRA pool left); slices are DRA's alone.
+    assert not [r for g, r in _role(objs) if g == "resource.k8s.io" and r != "resourceclaims"]
     (ds,) = _agents(objs).values()
-    mounts, vols = _mounts(ds)
-    assert not {"kubelet-plugin", "kubelet-plugins-registry"} & (set(mounts) | set(vols))
+    mounts, _ = _mounts(ds)
+    # The driver's plugin dir and the registration dir: a DRA pool switched back leaves
+    # its checkpoint there, and the agent serves the kubelet those claims' unprepare
+    # (agent/dra_leftovers.py).
+    assert mounts["kubelet-plugin"]["mountPath"] == f"/var/lib/kubelet/plugins/{DRIVER}"
+    assert mounts["kubelet-plugins-registry"]["mountPath"] == "/var/lib/kubelet/plugins_registry"
     policy = one(objs, "ValidatingAdmissionPolicy", "-own-node")["spec"]
     assert "resourceslices" not in json.dumps(policy)
     cfg = _config(objs, "default")
@@ -160,8 +165,9 @@ def test_a_pool_is_either_device_plugin_or_dra(tmp_path: Path) -> None:
     for pool, dra in (("dra", True), ("dp", False), ("other", True)):
         (ds,) = [d for n, d in agents.items() if n.endswith(f"-{pool}")]
         mounts, _ = _mounts(ds)
-        assert ("kubelet-plugin" in mounts) is dra, pool
-        assert ("cdi-dynamic" in mounts) is dra, pool  # envvar strategy: CDI only for DRA
+        # Every pool: DRA's own dirs, or a device-plugin pool cleaning what DRA left.
+        for mount in ("kubelet-plugin", "kubelet-plugins-registry", "cdi-dynamic"):
+            assert mount in mounts, (pool, mount)
         assert _config(objs, pool).dra.enabled is dra
     assert sorted(d["metadata"]["name"] for d in by_kind(objs, "DeviceClass")) == [
         DRIVER, "gpu.example.org"

@@ -16,10 +16,15 @@ the cluster dir). Then, on the DRAConsumableCapacity-gated 1.34 cluster:
     which checks the first device's capacity for every allocation (SCHEDULER_BUG below);
 11e the agent pod deleted, then the kubelet restarted: running pods keep running (the
     checkpoint keeps their claims), the slice comes back, new claim pods still prepare;
-11f the pool restored to device-plugin mode: every claim of a deleted pod was unprepared
-    (its CDI spec gone), the slice and the DeviceClass are gone, and the node advertises
-    the extended resources again. A failure anywhere restores the pool too (module
-    fixture), so stories 1-10 run green before or after this one.
+11f the pool switched back to device-plugin mode while a claim pod runs: the claim's
+    device takes no device-plugin slice (the node offers the other devices' units, the
+    node's ``DraClaimsHeld`` Event says why), the pod keeps running with its files;
+    deleting the pod, the kubelet unprepares its claim through the agent (which keeps the
+    DRA plugin registered for that), the files go and the device is offered again;
+11g every claim of a deleted pod was unprepared (its CDI spec gone), the slice and the
+    DeviceClass are gone, and the node advertises the extended resources again. A
+    failure anywhere restores the pool too (module fixture), so stories 1-10 run green
+    before or after this one.
 """
 
 from __future__ import annotations
@@ -125,15 +130,17 @@ class DraPool:
     # Claim uids prepared in this module: their CDI specs must be gone at the end.
     claim_uids: set[str] = field(default_factory=set)
 
-    def restore(self) -> None:
-        """The pool's own values again (device-plugin mode); the agent exits cleanly."""
+    def restore(self, *, serving: bool = True) -> None:
+        """The pool's own values again (device-plugin mode); the agent exits cleanly.
+        ``serving``: wait for every device to be offered again."""
         if self.restored:
             return
         self.restored = True
         old = self.kube.ready_agent()
         self.kube.install(action="upgrade")
         _wait_rolled(self.kube, old["metadata"]["uid"] if old else None)
-        self.kube.wait_agent_serving()
+        if serving:
+            self.kube.wait_agent_serving()
 
 
 @pytest.fixture(scope="module")
@@ -646,19 +653,56 @@ def test_story11e_agent_and_kubelet_restarts_keep_prepared_claims(
     assert not (over := _over_capacity(_node_allocs(kube))), over
 
 
-def test_story11f_back_to_device_plugin_mode_nothing_left(dra: DraPool, kube: Kube) -> None:
+def _specs_left(uids: set[str]) -> list[str]:
+    return sorted(u for u in uids if _spec_path(u).exists())
+
+
+def test_story11f_switched_back_with_a_claim_pod_running(
+    dra: DraPool, kube: Kube, namespace: str
+) -> None:
     """Runs after the other stories' namespaces are gone: each of their claims was
-    unprepared (spec file and checkpoint entry gone) while the driver still ran; then
-    the pool goes back to device-plugin mode."""
+    unprepared while the driver still ran. Then a claim pod starts, and the pool goes
+    back to device-plugin mode under it."""
     assert dra.claim_uids, "no claim was prepared by the stories before"
+    before = set(dra.claim_uids)
+    wait_until("the deleted pods' claims unprepared", lambda: not _specs_left(before), 120,
+               interval=2, fail=False)
+    assert not (left := _specs_left(before)), f"CDI specs of {len(left)} claims left: {left}"
+    assert not set(_checkpoint(kube)) & before, _checkpoint(kube)
 
-    def specs_left() -> list[str]:
-        return sorted(u for u in dra.claim_uids if _spec_path(u).exists())
+    shape = ClaimShape(4, 30)
+    _apply_templates(kube, namespace, [shape])
+    kube.apply(_claim_pod("holder", namespace, [("main", shape)]))
+    kube.wait_ready(namespace)
+    (claim,) = _pod_claims(kube, namespace, "holder").values()
+    (a,) = _allocs(claim)
+    dra.claim_uids.add(a.uid)
+    dra.restore(serving=False)
 
-    wait_until(
-        "the deleted pods' claims unprepared", lambda: not specs_left(), 120, interval=2, fail=False
-    )
-    assert not (left := specs_left()), f"CDI specs of {len(left)} claims left: {left}"
+    held = {MEM: (DEVICES - 1) * UNITS_PER_DEVICE, CORE: (DEVICES - 1) * 100}
+    wait_until(f"the claim's device held back: allocatable {held}",
+               lambda: kube.node_resources()["allocatable"] == held, 120)
+    assert kube.get("pod", "holder", "-n", namespace)["status"]["phase"] == "Running"
+    assert _spec_path(a.uid).exists() and a.uid in _checkpoint(kube)
+    events = kube.events("default", kube.node)
+    assert any(e.startswith("DraClaimsHeld:") and _uuid(kube, a.device) in e for e in events), (
+        events)
+    _say(f"switched back with {a.claim} on {a.device}: held; events {events[-1:]}")
+
+    kube.kubectl("-n", namespace, "delete", "pod", "holder", "--wait=true", "--timeout=120s")
+    kube.wait_agent_serving(120)  # every device offered again
+    wait_until("the claim's files gone",
+               lambda: not _spec_path(a.uid).exists() and a.uid not in _checkpoint(kube), 60)
+    _say("the pod deleted: its claim unprepared by the agent, every device offered again")
+
+
+def test_story11g_back_to_device_plugin_mode_nothing_left(dra: DraPool, kube: Kube) -> None:
+    """After 11f (or alone): every claim prepared here was unprepared; the pool is in
+    device-plugin mode with nothing of DRA left."""
+    assert dra.claim_uids, "no claim was prepared by the stories before"
+    wait_until("the deleted pods' claims unprepared", lambda: not _specs_left(dra.claim_uids),
+               120, interval=2, fail=False)
+    assert not (left := _specs_left(dra.claim_uids)), f"CDI specs of {len(left)} claims left"
     assert not set(_checkpoint(kube)) & dra.claim_uids, _checkpoint(kube)
     dra.restore()
     wait_until("the node's ResourceSlice removed", lambda: not _slices(kube), 60)

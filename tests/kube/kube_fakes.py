@@ -43,10 +43,13 @@ class Call:
     timeout: Any
 
     def rbac(self) -> tuple[str, str, str]:
-        """(apiGroup, resource, verb) this request needs, for core/v1 paths."""
+        """(apiGroup, resource, verb) this request needs (core/v1 and /apis/<group>/<v>)."""
         parts = self.path.strip("/").split("/")
-        assert parts[:2] == ["api", "v1"], self.path
-        rest = parts[2:]
+        if parts[:1] == ["apis"]:
+            group, rest = parts[1], parts[3:]
+        else:
+            assert parts[:2] == ["api", "v1"], self.path
+            group, rest = "", parts[2:]
         if rest[:1] == ["namespaces"] and len(rest) >= 3:
             rest = rest[2:]
         resource, name = rest[0], (rest[1] if len(rest) > 1 else "")
@@ -63,7 +66,7 @@ class Call:
                 verb = "get"
             else:
                 verb = "watch" if self.query.get("watch") in ("true", "True", "1") else "list"
-        return ("", resource, verb)
+        return (group, resource, verb)
 
 
 class FakeStream:

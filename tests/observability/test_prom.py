@@ -59,7 +59,8 @@ OLD: list[tuple[str, str, str, tuple[str, ...]]] = [
     ("gauge", "gpu_share_device_healthy", "1 when the device is healthy, 0 otherwise.",
      ("device",)),
     ("gauge", "gpu_share_device_cordoned",
-     "1 when an admin cordoned the device (no new slices; running ones stay), 0 otherwise.",
+     "1 when the device takes no new slice (running ones stay): an admin cordoned it, or "
+     "DRA claims prepared before a switch to device-plugin mode may hold it; 0 otherwise.",
      ("device",)),
     ("counter", "gpu_share_dra_prepare_failures_total",
      "DRA claims the agent refused to prepare, by reason (ClaimEnforcementLowered, "

@@ -28,17 +28,15 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from gpu_share.agent.cdi import SPEC_MODE
+from gpu_share.agent.dra_checkpoint import CHECKPOINT_FILE, Checkpoint, PreparedClaim, json_bytes
 from gpu_share.agent.dra_ports import ClaimRef, PreparedDevice, PrepareResult
 from gpu_share.agent.enforcement import EnforcementStatus
 from gpu_share.agent.enforcement import check as check_enforcement
@@ -68,10 +66,6 @@ from gpu_share.sharing.model import AllocateSpec, ContainerRef, DeviceShare
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_FILE = "checkpoint.json"
-CHECKPOINT_VERSION = "v1"
-CHECKPOINT_MODE = 0o600
-MAX_CHECKPOINT_BYTES = 16 << 20
 LOCK_STRIPES = 64
 # The claim as the response builder's container: "<claim>/claim" in its slice annotation.
 CLAIM_CONTAINER = "claim"
@@ -81,101 +75,6 @@ class ClaimSource(Protocol):
     def get_claim(self, namespace: str, name: str) -> Mapping[str, Any]:
         """The claim as JSON; raises KubeAccessError (ClaimNotFoundError on 404)."""
         ...
-
-
-class CheckpointError(ValueError):
-    pass
-
-
-@dataclass(frozen=True)
-class _Prepared:
-    """One prepared claim as the checkpoint keeps it."""
-
-    namespace: str
-    name: str
-    devices: tuple[PreparedDevice, ...]
-    spec: Mapping[str, Any]  # the CDI spec written for it
-    host_dir: str = ""  # hami-core cache dir key, "" when none
-    shares: tuple[DeviceShare, ...] = ()  # what it holds of each device (capacity check)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "namespace": self.namespace,
-            "name": self.name,
-            "devices": [
-                {
-                    "requests": list(d.requests),
-                    "pool": d.pool,
-                    "device": d.device,
-                    "cdiDeviceIds": list(d.cdi_device_ids),
-                }
-                for d in self.devices
-            ],
-            "spec": self.spec,
-            "hostDir": self.host_dir,
-            "shares": [
-                {"device": h.device, "memoryUnits": h.memory_units, "cores": h.cores,
-                 "exclusive": h.exclusive}
-                for h in self.shares
-            ],
-        }
-
-    @classmethod
-    def from_json(cls, raw: Any) -> _Prepared:
-        if not isinstance(raw, dict) or not isinstance(raw.get("spec"), dict):
-            raise CheckpointError("a claim entry is not an object with a spec")
-        devices = tuple(_device_from_json(d) for d in _list(raw.get("devices")))
-        return cls(
-            namespace=_str(raw.get("namespace")),
-            name=_str(raw.get("name")),
-            devices=devices,
-            spec=raw["spec"],
-            host_dir=_str(raw.get("hostDir", "")),
-            shares=tuple(_share_from_json(h) for h in _list(raw.get("shares", []))),
-        )
-
-
-def _list(v: Any) -> list[Any]:
-    if not isinstance(v, list):
-        raise CheckpointError(f"expected a list, found {type(v).__name__}")
-    return v
-
-
-def _str(v: Any) -> str:
-    if not isinstance(v, str):
-        raise CheckpointError(f"expected a string, found {type(v).__name__}")
-    return v
-
-
-def _device_from_json(raw: Any) -> PreparedDevice:
-    if not isinstance(raw, dict):
-        raise CheckpointError("a device entry is not an object")
-    return PreparedDevice(
-        requests=tuple(_str(r) for r in _list(raw.get("requests"))),
-        pool=_str(raw.get("pool")),
-        device=_str(raw.get("device")),
-        cdi_device_ids=tuple(_str(i) for i in _list(raw.get("cdiDeviceIds"))),
-    )
-
-
-def _share_from_json(raw: Any) -> DeviceShare:
-    if not isinstance(raw, dict):
-        raise CheckpointError("a share entry is not an object")
-    exclusive = raw.get("exclusive")
-    if not isinstance(exclusive, bool):
-        raise CheckpointError("a share entry has no exclusive flag")
-    return DeviceShare(_str(raw.get("device")), _count(raw.get("memoryUnits")),
-                       _count(raw.get("cores")), exclusive)
-
-
-def _count(v: Any) -> int:
-    if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= 1 << 30:
-        raise CheckpointError("a share entry has a bad count")
-    return v
-
-
-def _json_bytes(doc: Any) -> bytes:
-    return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
 
 
 class DraClaimPreparer:
@@ -201,7 +100,8 @@ class DraClaimPreparer:
         self.driver = cfg.dra.driver_name
         self.pool = cfg.node_name
         self.cdi_dir = Path(cfg.dra.cdi_dir)
-        self.checkpoint_path = Path(cfg.dra.plugin_dir) / CHECKPOINT_FILE
+        self.checkpoint = Checkpoint(Path(cfg.dra.plugin_dir) / CHECKPOINT_FILE,
+                                     self.driver, wall_clock)
         self._source = source
         self._inventory = inventory
         self._naming = naming
@@ -211,7 +111,7 @@ class DraClaimPreparer:
         self._on_refused = on_refused  # a metric, by reason
         self._lock = threading.Lock()  # _claims and the checkpoint file
         self._stripes = [threading.Lock() for _ in range(LOCK_STRIPES)]
-        self._claims: dict[str, _Prepared] = self._load()
+        self._claims: dict[str, PreparedClaim] = self.checkpoint.load()
         # Claims being prepared now (checked against capacity, not yet recorded).
         self._reserved: dict[str, tuple[DeviceShare, ...]] = {}
         # Prepared claims the API has deallocated: awaiting unprepare, holding nothing.
@@ -292,11 +192,11 @@ class DraClaimPreparer:
                 self._reserved[claim.uid] = claim.shares
             return why
 
-    def _counted(self, uid: str) -> Iterator[tuple[str, _Prepared]]:
+    def _counted(self, uid: str) -> Iterator[tuple[str, PreparedClaim]]:
         """The other prepared claims that hold capacity (caller holds ``_lock``)."""
         return ((u, p) for u, p in self._claims.items() if u != uid and u not in self._finished)
 
-    def _holders(self, claim: ParsedClaim) -> dict[str, _Prepared]:
+    def _holders(self, claim: ParsedClaim) -> dict[str, PreparedClaim]:
         """The counted prepared claims on the devices ``claim`` asks for."""
         devices = {h.device for h in claim.shares}
         with self._lock:
@@ -305,7 +205,7 @@ class DraClaimPreparer:
                 if any(h.device in devices for h in p.shares)
             }
 
-    def _drop_finished(self, holders: Mapping[str, _Prepared]) -> bool:
+    def _drop_finished(self, holders: Mapping[str, PreparedClaim]) -> bool:
         """Reads each holder (no lock held); marks those the API has deallocated. True
         when any was."""
         done = [uid for uid, p in holders.items() if self._deallocated(uid, p)]
@@ -318,7 +218,7 @@ class DraClaimPreparer:
                      "before the kubelet unprepares it", p.namespace, p.name, uid)
         return bool(done)
 
-    def _deallocated(self, uid: str, p: _Prepared) -> bool:
+    def _deallocated(self, uid: str, p: PreparedClaim) -> bool:
         """No pod can be using the claim: it is gone, its name is another claim's now, or
         it has no allocation. Unreadable: False (it keeps counting)."""
         try:
@@ -346,7 +246,7 @@ class DraClaimPreparer:
         if host_dir:  # the limits are the claim's before any of its processes runs
             seed_region(self._dirs(runtime), host_dir, response.envs)
         spec = claim_cdi_spec(self.driver, claim, devices, response)
-        prepared = _Prepared(
+        prepared = PreparedClaim(
             namespace=claim.namespace,
             name=claim.name,
             devices=tuple(
@@ -362,7 +262,7 @@ class DraClaimPreparer:
             host_dir=host_dir,
             shares=claim.shares,
         )
-        write_atomic(self._spec_path(claim.uid), _json_bytes(spec), SPEC_MODE)
+        write_atomic(self._spec_path(claim.uid), json_bytes(spec), SPEC_MODE)
         self._record(claim.uid, prepared)
         log.info("DRA: prepared claim %s/%s (%s): %s, enforcement %s", claim.namespace,
                  claim.name, claim.uid, ", ".join(d.name for d in claim.devices),
@@ -399,13 +299,13 @@ class DraClaimPreparer:
                      hami_cache_host_dir=cache,
                      memory_resource=self.cfg.resources.memory_resource)
 
-    def _restore(self, uid: str, known: _Prepared) -> None:
+    def _restore(self, uid: str, known: PreparedClaim) -> None:
         """A prepared claim asked again: what it needs on disk is there again."""
         if known.host_dir:
             self._dirs(self.cfg.runtime).create(known.host_dir)
         path = self._spec_path(uid)
         if not path.exists():
-            write_atomic(path, _json_bytes(known.spec), SPEC_MODE)
+            write_atomic(path, json_bytes(known.spec), SPEC_MODE)
             log.info("DRA: wrote the CDI spec of claim %s/%s (%s) again from the checkpoint",
                      known.namespace, known.name, uid)
 
@@ -430,7 +330,7 @@ class DraClaimPreparer:
                 return f"claim {ref.namespace}/{ref.name}: {exc}"
         return ""
 
-    def _release_dir(self, known: _Prepared) -> None:
+    def _release_dir(self, known: PreparedClaim) -> None:
         if not known.host_dir:
             return
         dirs = self._dirs(self.cfg.runtime)
@@ -451,7 +351,7 @@ class DraClaimPreparer:
 
     # -- checkpoint
 
-    def _record(self, uid: str, prepared: _Prepared | None) -> None:
+    def _record(self, uid: str, prepared: PreparedClaim | None) -> None:
         """Set (None: drop) one claim and write the checkpoint; on a failed write the
         memory stays as the file is."""
         with self._lock:
@@ -461,71 +361,10 @@ class DraClaimPreparer:
             else:
                 self._claims[uid] = prepared
             try:
-                self._write()
+                self.checkpoint.write(self._claims)
             except OSError:
                 if before is None:
                     self._claims.pop(uid, None)
                 else:
                     self._claims[uid] = before
                 raise
-
-    def _write(self) -> None:
-        doc = {
-            "version": CHECKPOINT_VERSION,
-            "driver": self.driver,
-            "claims": {uid: p.to_json() for uid, p in sorted(self._claims.items())},
-        }
-        write_atomic(self.checkpoint_path, _json_bytes(doc), CHECKPOINT_MODE)
-
-    def _load(self) -> dict[str, _Prepared]:
-        try:
-            with self.checkpoint_path.open("rb") as fh:
-                data = fh.read(MAX_CHECKPOINT_BYTES + 1)
-        except FileNotFoundError:
-            return {}
-        except OSError as exc:
-            log.error("DRA: cannot read the checkpoint %s: %s; starting without it",
-                      self.checkpoint_path, exc)
-            return {}
-        try:
-            claims = self._parse_checkpoint(data)
-        except (CheckpointError, ValueError, RecursionError) as exc:
-            self._quarantine(exc)
-            return {}
-        log.info("DRA: %d prepared claim(s) in the checkpoint %s", len(claims),
-                 self.checkpoint_path)
-        return claims
-
-    def _parse_checkpoint(self, data: bytes) -> dict[str, _Prepared]:
-        if len(data) > MAX_CHECKPOINT_BYTES:
-            raise CheckpointError(f"larger than {MAX_CHECKPOINT_BYTES} bytes")
-        doc = json.loads(data)
-        if not isinstance(doc, dict):
-            raise CheckpointError("not a JSON object")
-        if doc.get("version") != CHECKPOINT_VERSION:
-            raise CheckpointError(f"version {str(doc.get('version'))[:40]!r} is not "
-                                  f"{CHECKPOINT_VERSION}")
-        if doc.get("driver") != self.driver:
-            raise CheckpointError(f"written for driver {str(doc.get('driver'))[:80]!r}")
-        raw = doc.get("claims")
-        if not isinstance(raw, dict):
-            raise CheckpointError("claims is not an object")
-        claims = {}
-        for uid, entry in raw.items():
-            if not CLAIM_UID.match(uid):
-                raise CheckpointError(f"claim uid {uid[:80]!r} is not a valid name")
-            claims[uid] = _Prepared.from_json(entry)
-        return claims
-
-    def _quarantine(self, why: Exception) -> None:
-        aside = self.checkpoint_path.with_name(
-            f"{CHECKPOINT_FILE}.corrupt-{int(self._wall())}"
-        )
-        try:
-            os.replace(self.checkpoint_path, aside)
-            moved = f"moved to {aside}"
-        except OSError as exc:
-            moved = f"could not be moved aside ({exc})"
-        log.error("DRA: the checkpoint %s is unusable (%s); %s. Starting without it: "
-                  "prepared claims are read from the API server again",
-                  self.checkpoint_path, why, moved, extra={"reason": "CheckpointCorrupt"})

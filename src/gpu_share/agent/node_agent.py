@@ -13,7 +13,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -195,6 +195,9 @@ class NodeAgent:
         # time.monotonic() until which every device is held back while the node's cordons
         # have not been read yet (``await_cordons``); None: not waiting.
         self._cordons_due: float | None = None
+        # Devices that DRA claims prepared before a switch to device-plugin mode may still
+        # use (agent/dra_leftovers.py): held back like cordoned ones until they end.
+        self._dra_held: frozenset[str] = frozenset()
         # Whether the node can enforce its pool's mode (agent/enforcement.py); until the
         # first check, it cannot.
         self.enforcement = EnforcementStatus(cfg.runtime.enforcement, ("not checked yet",))
@@ -534,11 +537,26 @@ class NodeAgent:
             self.feed_inventory_changed()
 
     def _held_back(self, engine: AllocationEngine) -> list[str]:
-        """Devices that take no new slice: the cordoned ones, and all while the node
-        cannot enforce its mode."""
+        """Devices that take no new slice: the cordoned ones, those DRA claims may still
+        hold, and all while the node cannot enforce its mode."""
         if not self.enforcement.ready or self._cordons_due is not None:
             return [d.uuid for d in engine.inventory.devices]
-        return list(self._cordons)
+        return sorted(set(self._cordons) | self._dra_held)
+
+    def hold_for_dra_claims(self, devices: Collection[str]) -> None:
+        """Hold back ``devices`` (those of DRA claims left from DRA mode) or, when
+        empty, give them back."""
+        with self._lock:
+            self._dra_held = frozenset(devices)
+            changed = self._engine().set_cordons(self._held_back(self._engine()))
+        if changed:
+            self.feed.bump()
+            self.feed_inventory_changed()
+
+    def device_ids(self) -> list[str]:
+        """Every device of the node (uuid)."""
+        with self._lock:
+            return [d.uuid for d in self._engine().inventory.devices]
 
     def check_enforcement(self) -> None:
         """Check the pool's enforcement (start, every health pass); on a change, hold
@@ -984,7 +1002,7 @@ class NodeAgent:
                         (self.names.memory, usage[d.uuid].memory_used, d.memory_units),
                         (self.names.core, usage[d.uuid].cores_used, d.cores),
                     ),
-                    d.uuid in self._cordons,
+                    d.uuid in self._cordons or d.uuid in self._dra_held,
                 )
                 for d in self.engine.inventory.devices
             ]

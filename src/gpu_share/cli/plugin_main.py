@@ -24,6 +24,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from gpu_share.agent.cdi import CdiSpecWriter
+from gpu_share.agent.dra_claims import ClaimSource
 from gpu_share.agent.instance_lock import InstanceLock, InstanceLockError
 from gpu_share.agent.node_agent import AgentMetrics, DeviceRow, NodeAgent
 from gpu_share.agent.ports import PodSource, Publisher
@@ -42,7 +43,9 @@ from gpu_share.plugin.sizeguard import guard_devices
 from gpu_share.sharing.model import PodView
 
 if TYPE_CHECKING:  # imported when the API server is wanted, off the path to registration
+    from gpu_share.agent.dra_leftovers import DraLeftovers
     from gpu_share.cli.dra_mode import DraFrontEnd
+    from gpu_share.dra.server import DraPluginServer
     from gpu_share.kube.cordon import NodeCordonWatch
     from gpu_share.kube.pods import KubePodSource, NodePodCache
     from gpu_share.kube.rest import RestClient
@@ -59,6 +62,9 @@ KUBE_INIT_MAX_AGE_S = 120.0  # importing the client and reading its config
 CACHE_STOP_TIMEOUT_S = 0.5
 # How long a starting agent holds every device back waiting for the node's cordons.
 CORDONS_FIRST_READ_S = 60.0
+# The DRA-leftovers loop beats once per recheck, after a claim read that may wait for
+# the API client.
+LEFTOVERS_SLACK_S = KUBE_INIT_MAX_AGE_S + 60.0
 
 
 class PrometheusAgentMetrics(AgentMetrics):
@@ -137,6 +143,7 @@ class _LazyKube:
         self._cache: NodePodCache | None = None
         self.publisher: Publisher | None = None
         self.api: RestClient | None = None
+        self._claims: ClaimSource | None = None
         self._node_watch: NodeCordonWatch | None = None
         # Supervised: an unexpected failure is logged, counted and retried (callers stop
         # waiting after the first try either way).
@@ -152,6 +159,18 @@ class _LazyKube:
             self._cache.stop(timeout=CACHE_STOP_TIMEOUT_S)
         if self._node_watch is not None:
             self._node_watch.stop(CACHE_STOP_TIMEOUT_S)
+
+    def claim_reader(self) -> ClaimSource | None:
+        """ResourceClaims from the API server once the client exists (bounded wait);
+        None without one."""
+        from gpu_share.kube.resourceclaims import KubeClaimReader
+
+        self._ready.wait(KUBE_INIT_MAX_AGE_S)
+        if self.api is None or self._closed.is_set():
+            return None
+        if self._claims is None:
+            self._claims = KubeClaimReader(self.api)
+        return self._claims
 
     def watch_cordons(self, on_change: Callable[[Mapping[str, str]], None]) -> None:
         """Follow the node's cordon annotations (sharing/cordon.py) once the client
@@ -309,6 +328,8 @@ class _Node:
         self.manager: PluginManager | None = None
         self.cdi: CdiSpecWriter | None = None
         self.dra: DraFrontEnd | None = None
+        self.leftovers_server: DraPluginServer | None = None
+        self.leftovers: DraLeftovers | None = None
         self.http: HttpHandle | None = None
         self._seen: dict[str, int] = {}
         self._trimmed = False
@@ -368,7 +389,9 @@ class _Node:
         if cfg.dra.enabled:
             self._start_dra(agent, backend)
             return
-        # Before any device is advertised: CDI names in a response must resolve.
+        # Before any device is advertised: what DRA claims left on this node may hold
+        # takes no slice, and CDI names in a response must resolve.
+        self._dra_leftovers(agent)
         self._write_cdi_spec(backend.devices(), backend.naming())
         manager = self.manager = PluginManager(agent.handlers(), cfg.kubelet.device_plugin_dir)
         # Not ready while the node cannot enforce its mode (no new slices then).
@@ -381,6 +404,42 @@ class _Node:
         self._seen = {p.handler.resource_name: p.registrations for p in manager.plugins}
         self.loops.spawn("plugins", self._plugins_step, max_age_s=_plugins_max_age(manager),
                          stop=stop)
+
+    def _dra_leftovers(self, agent: NodeAgent) -> None:
+        """Device-plugin mode: the claims a DRA pool prepared on this node before the
+        switch hold their devices until they end (agent/dra_leftovers.py)."""
+        from gpu_share.agent.dra_leftovers import RECHECK_S, DraLeftovers
+        from gpu_share.dra.server import DraPluginServer
+
+        cfg = self.cfg
+        left = DraLeftovers(cfg, hold=agent.hold_for_dra_claims, devices=agent.device_ids,
+                            event=agent.warn_node)
+        if not left.load():
+            return
+        # Registered while claims are left: the kubelet tears their pods down only after
+        # it has unprepared them. No ResourceSlice is published, so no new claim comes.
+        server = self.leftovers_server = DraPluginServer(
+            cfg.dra.driver_name, left, plugin_dir=cfg.dra.plugin_dir,
+            registration_dir=cfg.dra.registration_dir)
+        try:
+            server.start()
+        except (GpuShareError, OSError) as exc:
+            log.error("DRA leftovers: cannot serve unprepare to the kubelet (%s); the "
+                      "claims' devices stay held until their claims end", exc)
+        done, kube, stop = threading.Event(), self.kube, self.stop
+
+        def step() -> None:
+            source = kube.claim_reader() if kube is not None else None
+            if left.step(source) or stop.is_set():
+                done.set()
+                server.stop()
+                return
+            left.wait(RECHECK_S)  # an unprepare or the agent's stop ends it early
+
+        self.leftovers = left
+
+        self.loops.spawn("dra-leftovers", step, max_age_s=RECHECK_S + LEFTOVERS_SLACK_S,
+                         stop=done)
 
     def _start_dra(self, agent: NodeAgent, backend: DeviceBackend) -> None:
         """DRA mode: the kubelet DRA plugin and the node's ResourceSlice instead of the
@@ -464,6 +523,10 @@ class _Node:
             self.manager.stop(PLUGINS_STOP_TIMEOUT_S)
         if self.dra is not None:
             self.dra.stop()
+        if self.leftovers_server is not None:
+            self.leftovers_server.stop()
+        if self.leftovers is not None:
+            self.leftovers.wake()
         if self.cdi is not None:
             # Transient spec: an uninstall leaves none; the next agent writes it again.
             with contextlib.suppress(OSError):

@@ -17,6 +17,9 @@ AGENT_RULES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("", "nodes", ("list", "watch")),
     # Events on pods (allocation failures) and on the node (degraded mode, health).
     ("", "events", ("create", "patch")),
+    # The claims the kubelet asks the DRA driver to prepare, and in device-plugin mode
+    # those a DRA pool left prepared on the node (read only; never their status).
+    ("resource.k8s.io", "resourceclaims", ("get",)),
 )
 
 # Added when a node pool runs in DRA mode (#13). RBAC cannot name the node: the chart's
@@ -24,8 +27,6 @@ AGENT_RULES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
 DRA_AGENT_RULES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     # The node's ResourceSlice (kube/resourceslices.py).
     ("resource.k8s.io", "resourceslices", ("get", "list", "watch", "create", "update", "delete")),
-    # The claims the kubelet asks the driver to prepare (read only; never their status).
-    ("resource.k8s.io", "resourceclaims", ("get",)),
 )
 
 

@@ -90,7 +90,8 @@ class Metrics:
         )
         self.device_cordoned = Gauge(
             f"{PREFIX}_device_cordoned",
-            "1 when an admin cordoned the device (no new slices; running ones stay), "
+            "1 when the device takes no new slice (running ones stay): an admin cordoned "
+            "it, or DRA claims prepared before a switch to device-plugin mode may hold it; "
             "0 otherwise.",
             ["device"],
             registry=r,
