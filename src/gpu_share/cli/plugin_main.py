@@ -521,12 +521,7 @@ class _Node:
                 log.warning("a ListAndWatch stream did not take the unhealthy device list"
                             " within %.1fs", DRAIN_TIMEOUT_S)
             self.manager.stop(PLUGINS_STOP_TIMEOUT_S)
-        if self.dra is not None:
-            self.dra.stop()
-        if self.leftovers_server is not None:
-            self.leftovers_server.stop()
-        if self.leftovers is not None:
-            self.leftovers.wake()
+        self._stop_dra()
         if self.cdi is not None:
             # Transient spec: an uninstall leaves none; the next agent writes it again.
             with contextlib.suppress(OSError):
@@ -539,6 +534,16 @@ class _Node:
         if self.http is not None:
             self.http.stop(0.5)
         log.info("stopped")
+
+
+    def _stop_dra(self) -> None:
+        """The DRA front-end, or the plugin kept for claims left from DRA mode."""
+        if self.dra is not None:
+            self.dra.stop()
+        if self.leftovers_server is not None:
+            self.leftovers_server.stop()
+        if self.leftovers is not None:
+            self.leftovers.wake()
 
 
 def _release_start_memory() -> None:

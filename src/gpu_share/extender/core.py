@@ -236,42 +236,16 @@ class Extender:
     def _bind(self, args: ExtenderBindingArgs) -> tuple[str, ExtenderBindingResult]:
         ns, name = args["PodNamespace"], args["PodName"]
         uid, node = args["PodUID"], args["Node"]
-        with self._seen_lock:
-            reqs = self._seen.get(uid)
-        if reqs is None:
-            pod = self.view.pod(ns, name)
-            if pod is None:
-                return BIND_POD_NOT_FOUND, {"Error": f"pod {ns}/{name} not found"}
-            try:
-                reqs = pod_ask(pod, self.settings)
-            except ValueError as e:
-                return BIND_INVALID_POD, {"Error": f"pod {ns}/{name}: {e}"}
-        annotations: dict[str, str] = {}
-        shares: dict[str, tuple[int, int]] = {}
+        reqs = self._request_of(ns, name, uid)
+        if not isinstance(reqs, PodRequest):
+            return reqs
         # Decide and reserve one bind at a time; the API calls run outside the lock, so
         # binds overlap (each sees the reservations of those before it).
         with self._lock:
-            asking = reqs.asking
-            if asking:
-                r = self._evaluate([node], reqs.demand())[node]
-                if isinstance(r, NoFit):
-                    return BIND_NO_FIT, {"Error": f"gpu-share: {node}: {r.reason}"}
-                decision = Decision(
-                    pod_uid=uid,
-                    node=node,
-                    containers={
-                        cp.container: ContainerDecision(
-                            tuple(d.uuid for d in cp.devices), asking[cp.container]
-                        )
-                        for cp in r.containers
-                    },
-                    issued_at=int(self._clock()),
-                )
-                annotations[decision_key(self.settings.domain)] = sign(decision, self.settings.key)
-                for cp in r.containers:
-                    for d in cp.devices:
-                        m, c = shares.get(d.uuid, (0, 0))
-                        shares[d.uuid] = (m + cp.memory_units, c + cp.cores)
+            decided = self._decide(uid, node, reqs)
+            if isinstance(decided, str):
+                return BIND_NO_FIT, {"Error": f"gpu-share: {node}: {decided}"}
+            annotations, shares = decided
             if shares:
                 self.view.reserve(uid, node, shares)
         try:
@@ -283,3 +257,50 @@ class Extender:
             # watch shows the pod or the reservation expires (never over-commit).
             return BIND_API_ERROR, {"Error": f"bind {ns}/{name} to {node}: {e}"}
         return BIND_BOUND, {"Error": ""}
+
+    def _request_of(
+        self, ns: str, name: str, uid: str
+    ) -> PodRequest | tuple[str, ExtenderBindingResult]:
+        """What the pod asks (seen at filter, else read now), or the bind's refusal."""
+        with self._seen_lock:
+            reqs = self._seen.get(uid)
+        if reqs is not None:
+            return reqs
+        pod = self.view.pod(ns, name)
+        if pod is None:
+            return BIND_POD_NOT_FOUND, {"Error": f"pod {ns}/{name} not found"}
+        try:
+            return pod_ask(pod, self.settings)
+        except ValueError as e:
+            return BIND_INVALID_POD, {"Error": f"pod {ns}/{name}: {e}"}
+
+    def _decide(
+        self, uid: str, node: str, reqs: PodRequest
+    ) -> tuple[dict[str, str], dict[str, tuple[int, int]]] | str:
+        """The signed decision's annotation and the shares it takes per device, or why the
+        node cannot take the pod. Under ``_lock``."""
+        annotations: dict[str, str] = {}
+        shares: dict[str, tuple[int, int]] = {}
+        asking = reqs.asking
+        if not asking:
+            return annotations, shares
+        r = self._evaluate([node], reqs.demand())[node]
+        if isinstance(r, NoFit):
+            return r.reason
+        decision = Decision(
+            pod_uid=uid,
+            node=node,
+            containers={
+                cp.container: ContainerDecision(
+                    tuple(d.uuid for d in cp.devices), asking[cp.container]
+                )
+                for cp in r.containers
+            },
+            issued_at=int(self._clock()),
+        )
+        annotations[decision_key(self.settings.domain)] = sign(decision, self.settings.key)
+        for cp in r.containers:
+            for d in cp.devices:
+                m, c = shares.get(d.uuid, (0, 0))
+                shares[d.uuid] = (m + cp.memory_units, c + cp.cores)
+        return annotations, shares

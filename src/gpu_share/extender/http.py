@@ -13,14 +13,13 @@ import json
 import logging
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from http import HTTPStatus
 from typing import Any, Generic, TypeVar
 
 from gpu_share.extender import validate
-from gpu_share.extender.api import ExtenderArgs, ExtenderBindingArgs
 from gpu_share.extender.core import Extender
 from gpu_share.observability.http import BoundedHandler, BoundedServer, ServerLimits
 from gpu_share.observability.metrics import OTHER_VERB, ExtenderMetrics
@@ -81,6 +80,91 @@ class _Route(Generic[A]):
         return partial(self.run, self.check(value))
 
 
+@dataclass(frozen=True)
+class _Served:
+    """What one extender server answers with: its routes, probes and metrics."""
+
+    routes: Mapping[str, _Route[Any]]
+    liveness: Callable[[], bool] | None
+    metrics: ExtenderMetrics | None
+
+    def count(self, path: str, code: int, answer: object, started: float) -> None:
+        if self.metrics is None:
+            return
+        route = path.split("?", 1)[0].rstrip("/")
+        verb = route[1:] if route in self.routes else OTHER_VERB
+        self.metrics.observe_request(verb, _outcome(code, answer), time.perf_counter() - started)
+        if verb == "filter" and code == 200:
+            self.metrics.observe_filter(*_filter_counts(answer))
+
+
+class _ExtenderHandler(BoundedHandler):
+    """The scheduler's calls; ``served`` is set on the subclass ``make_server`` builds."""
+
+    served: _Served
+    _started = 0.0
+
+    def parse_request(self) -> bool:
+        self._started = time.perf_counter()
+        self.path = ""  # a request line that does not parse names no verb
+        return super().parse_request()
+
+    def send_error(
+        self, code: int, message: str | None = None, explain: str | None = None
+    ) -> None:
+        # Refusals before do_POST runs (411, 413, 405, a request line that does not
+        # parse: no command, and path/start may be the previous request's).
+        if not self.command:
+            self.served.count("", code, None, time.perf_counter())
+        elif self.command not in ("GET", "HEAD"):
+            self.served.count(self.path, code, None, self._started)
+        super().send_error(code, message, explain)
+
+    def error_body(self, code: int, reason: str) -> tuple[bytes, str]:
+        return json.dumps({"Error": reason}).encode(), "application/json"
+
+    def _json(self, code: int, body: Any) -> None:
+        self.send_body(code, json.dumps(body).encode(), "application/json")
+
+    def do_GET(self) -> None:
+        if self.path.split("?", 1)[0] in ("/healthz", "/readyz"):
+            ok, reason = _probe(self.served.liveness)
+            self._json(200 if ok else 503, {"status": reason})
+        else:
+            self._json(404, {"Error": NOT_FOUND})
+
+    def do_POST(self) -> None:
+        code, answer, data = self._answer()
+        self.served.count(self.path, code, answer, self._started)
+        self.send_body(code, data, "application/json")
+
+    def _answer(self) -> tuple[int, object, bytes]:
+        code, answer = self._run()
+        if code == HTTPStatus.OK:
+            try:
+                return code, answer, json.dumps(answer).encode()
+            except Exception:  # a bug: an answer JSON cannot carry
+                log.exception("extender answer of %s cannot be encoded", self.path)
+                code, answer = 500, {"Error": INTERNAL_ERROR}
+        return code, answer, json.dumps(answer).encode()
+
+    def _run(self) -> tuple[int, object]:
+        route = self.path.split("?", 1)[0].rstrip("/")
+        entry = self.served.routes.get(route)
+        if entry is None:
+            return 404, {"Error": NOT_FOUND}
+        try:
+            call = entry.parse(validate.parse_json(self.body))
+        except validate.BadRequest as e:
+            return 400, {"Error": str(e)}
+        try:
+            answer = call()
+        except Exception:  # a bug must not kill the server; the scheduler retries
+            log.exception("extender %s failed", route)
+            return 500, {"Error": INTERNAL_ERROR}
+        return HTTPStatus.OK, answer
+
+
 def make_server(
     extender: Extender,
     host: str,
@@ -97,82 +181,11 @@ def make_server(
     cluster-view watch loop that stopped beating) answers 503 with a bounded reason.
     ``metrics``: every POST is counted by verb and outcome, and timed (served elsewhere:
     this listener answers the scheduler only)."""
-    routes: dict[str, _Route[ExtenderArgs] | _Route[ExtenderBindingArgs]] = {
+    routes: dict[str, _Route[Any]] = {
         "/filter": _Route(validate.filter_args, extender.filter),
         "/prioritize": _Route(validate.filter_args, extender.prioritize),
         "/bind": _Route(validate.bind_args, extender.bind),
     }
-
-    def count(path: str, code: int, answer: object, started: float) -> None:
-        if metrics is None:
-            return
-        route = path.split("?", 1)[0].rstrip("/")
-        verb = route[1:] if route in routes else OTHER_VERB
-        metrics.observe_request(verb, _outcome(code, answer), time.perf_counter() - started)
-        if verb == "filter" and code == 200:
-            metrics.observe_filter(*_filter_counts(answer))
-
-    class Handler(BoundedHandler):
-        _started = 0.0
-
-        def parse_request(self) -> bool:
-            self._started = time.perf_counter()
-            self.path = ""  # a request line that does not parse names no verb
-            return super().parse_request()
-
-        def send_error(
-            self, code: int, message: str | None = None, explain: str | None = None
-        ) -> None:
-            # Refusals before do_POST runs (411, 413, 405, a request line that does not
-            # parse: no command, and path/start may be the previous request's).
-            if not self.command:
-                count("", code, None, time.perf_counter())
-            elif self.command not in ("GET", "HEAD"):
-                count(self.path, code, None, self._started)
-            super().send_error(code, message, explain)
-
-        def error_body(self, code: int, reason: str) -> tuple[bytes, str]:
-            return json.dumps({"Error": reason}).encode(), "application/json"
-
-        def _json(self, code: int, body: Any) -> None:
-            self.send_body(code, json.dumps(body).encode(), "application/json")
-
-        def do_GET(self) -> None:
-            if self.path.split("?", 1)[0] in ("/healthz", "/readyz"):
-                ok, reason = _probe(liveness)
-                self._json(200 if ok else 503, {"status": reason})
-            else:
-                self._json(404, {"Error": NOT_FOUND})
-
-        def do_POST(self) -> None:
-            code, answer, data = self._answer()
-            count(self.path, code, answer, self._started)
-            self.send_body(code, data, "application/json")
-
-        def _answer(self) -> tuple[int, object, bytes]:
-            code, answer = self._run()
-            if code == HTTPStatus.OK:
-                try:
-                    return code, answer, json.dumps(answer).encode()
-                except Exception:  # a bug: an answer JSON cannot carry
-                    log.exception("extender answer of %s cannot be encoded", self.path)
-                    code, answer = 500, {"Error": INTERNAL_ERROR}
-            return code, answer, json.dumps(answer).encode()
-
-        def _run(self) -> tuple[int, object]:
-            route = self.path.split("?", 1)[0].rstrip("/")
-            entry = routes.get(route)
-            if entry is None:
-                return 404, {"Error": NOT_FOUND}
-            try:
-                call = entry.parse(validate.parse_json(self.body))
-            except validate.BadRequest as e:
-                return 400, {"Error": str(e)}
-            try:
-                answer = call()
-            except Exception:  # a bug must not kill the server; the scheduler retries
-                log.exception("extender %s failed", route)
-                return 500, {"Error": INTERNAL_ERROR}
-            return HTTPStatus.OK, answer
-
-    return BoundedServer(Handler, (host, port), limits, ssl_context=ssl_context, name="extender")
+    served = _Served(routes, liveness, metrics)
+    handler = type("ExtenderHandler", (_ExtenderHandler,), {"served": served})
+    return BoundedServer(handler, (host, port), limits, ssl_context=ssl_context, name="extender")
