@@ -7,9 +7,13 @@
 // mounted into the container), so its cost per call matches the sample plugin's.
 //
 //	PEER_DEVICE_COUNT=64 peer     # registers example.com/resource with Dev-1..Dev-64
+//
+// PLUGIN_SOCK_DIR (default the kubelet's device-plugin dir) holds its socket;
+// PEER_KUBELET_SOCKET (default the kubelet's) is where it registers.
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/signal"
@@ -70,23 +74,32 @@ func main() {
 	if dir == "" {
 		dir = pluginapi.DevicePluginPath
 	}
+	kubelet := os.Getenv("PEER_KUBELET_SOCKET")
+	if kubelet == "" {
+		kubelet = pluginapi.KubeletSocket
+	}
 	sigCh := make(chan os.Signal, 1)
 	signal.Notify(sigCh, syscall.SIGHUP, syscall.SIGINT, syscall.SIGTERM, syscall.SIGQUIT)
 
+	// Since Kubernetes 1.35 the stub takes a logger and a context, as the sample plugin
+	// passes them.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	logger := klog.FromContext(ctx)
 	socket := filepath.Join(dir, fmt.Sprintf("peer.%d", time.Now().UnixNano()))
-	stub := plugin.NewDevicePluginStub(devs, socket, resourceName, false, false)
-	if err := stub.Start(); err != nil {
+	stub := plugin.NewDevicePluginStub(logger, devs, socket, resourceName, false, false)
+	if err := stub.Start(ctx); err != nil {
 		klog.Fatalf("start: %v", err)
 	}
 	stub.SetAllocFunc(allocate)
-	if err := stub.Register(pluginapi.KubeletSocket, resourceName, dir); err != nil {
+	if err := stub.Register(ctx, kubelet, resourceName, dir); err != nil {
 		klog.Fatalf("register: %v", err)
 	}
 	klog.InfoS("registered", "resource", resourceName, "devices", count)
-	go stub.Watch(pluginapi.KubeletSocket, resourceName, dir)
+	go stub.Watch(ctx, kubelet, resourceName, dir)
 	sig := <-sigCh
 	klog.InfoS("shutting down", "signal", sig)
-	if err := stub.Stop(); err != nil {
+	if err := stub.Stop(logger); err != nil {
 		klog.Fatalf("stop: %v", err)
 	}
 }
