@@ -11,7 +11,7 @@ import random
 import time
 from collections.abc import Callable
 
-from gpu_share.agent.node_agent import AgentMetrics, DeviceRow
+from gpu_share.agent.ports import AgentMetrics, DeviceRow
 from gpu_share.devices.dummy import DummyBackend
 from gpu_share.sharing.annotations import inventory_key
 from gpu_share.sharing.cordon import Cordon, cordon_key, cordon_key_prefix

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from gpu_share.agent.node_agent import JOURNAL_TORN, AgentMetrics, NodeAgent
+from gpu_share.agent.journal import JOURNAL_TORN
+from gpu_share.agent.node_agent import NodeAgent
+from gpu_share.agent.ports import AgentMetrics
 from gpu_share.agent.state import (
     JOURNAL_PREFIX,
     MAX_LEDGER_BYTES,
@@ -272,7 +274,7 @@ def test_failed_ledger_write_is_reported_not_internal(
     mem = clients[MEM]
     ids = [d.id for d in mem.wait_for_list(lambda ds: len(ds) > 0)]
     assert node.agent is not None
-    store = node.agent._store
+    store = node.agent._journal.store
     # os.replace() onto (and open() of) a non-empty directory fails even for root.
     planted = [node.ledger] + [
         node.ledger.with_name(f"{JOURNAL_PREFIX}{g}")

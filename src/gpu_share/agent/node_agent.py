@@ -18,11 +18,18 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+from gpu_share.agent.container_dirs import ContainerDirs
 from gpu_share.agent.enforcement import EnforcementStatus
 from gpu_share.agent.enforcement import check as check_enforcement
 from gpu_share.agent.feed import ChangeFeed
-from gpu_share.agent.hostdirs import HostDirs, seed_region
-from gpu_share.agent.ports import PodResourcesSource, PodSource, Publisher
+from gpu_share.agent.journal import LedgerJournal
+from gpu_share.agent.ports import (
+    AgentMetrics,
+    DeviceRow,
+    PodResourcesSource,
+    PodSource,
+    Publisher,
+)
 from gpu_share.agent.publisher import BackgroundPublisher
 from gpu_share.agent.response import RuntimeResponses
 from gpu_share.agent.state import LedgerStore
@@ -56,8 +63,8 @@ from gpu_share.sharing.engine import (
     ReconcileResult,
 )
 from gpu_share.sharing.inventory import Inventory
-from gpu_share.sharing.ledger import EntrySource, Ledger, LedgerEntry
-from gpu_share.sharing.limits import MEMORY_REQUIRED, host_dir_key
+from gpu_share.sharing.ledger import EntrySource, LedgerEntry
+from gpu_share.sharing.limits import MEMORY_REQUIRED
 from gpu_share.sharing.model import (
     AdvertisedDevice,
     AllocateSpec,
@@ -81,43 +88,8 @@ REFRESH_MAX_AGE_S = 120.0
 HEALTH_MAX_AGE_EXTRA_S = 120.0  # on top of two poll intervals
 # stop(): the agent's share of the 5 s the process has after SIGTERM.
 STOP_TIMEOUT_S = 2.0
-# The journal is folded into a new ledger.json snapshot (off the call path) this often
-# while it has records, or sooner after this many.
-COMPACT_INTERVAL_S = 1.0
 # Allocations refused whole: nothing is held for the container (the kubelet runs nothing).
 _REFUSED = frozenset({MEMORY_REQUIRED, AllocationReason.HOST_DIR_UNAVAILABLE})
-COMPACT_RECORDS = 500
-JOURNAL_TORN = "LedgerJournalTorn"  # ledger_anomaly reason: a crash cut a record short
-
-
-class AgentMetrics:
-    """What the agent reports; the cli binds it to Prometheus. No-ops by default."""
-
-    def observe_call(self, call: str, resource: str, seconds: float) -> None: ...
-    def allocation(self, resource: str, source: str) -> None: ...
-    def failure(self, resource: str, reason: str) -> None: ...
-    def degraded(self, reason: str) -> None: ...
-    def ambiguous(self) -> None: ...
-    def kube_error(self, op: str) -> None: ...
-    def ledger_write(self) -> None: ...
-    def ledger_write_failed(self) -> None: ...
-    def ledger_quarantined(self, reason: str) -> None: ...
-    def ledger_anomaly(self, reason: str) -> None: ...
-    def devices(self, rows: Sequence[DeviceRow]) -> None: ...
-    def memory_unit(self, configured_mib: int, in_use_mib: int) -> None: ...
-    def loop_error(self, loop: str) -> None: ...
-    def cordon_ignored(self, reason: str) -> None: ...
-    def enforcement(self, mode: str, ready: bool) -> None: ...
-
-
-@dataclass(frozen=True)
-class DeviceRow:
-    """One device's figures for metrics: (resource, used, total) per resource."""
-
-    device: str
-    healthy: bool
-    units: tuple[tuple[str, int, int], ...]
-    cordoned: bool = False
 
 
 @dataclass(frozen=True)
@@ -162,13 +134,8 @@ class NodeAgent:
         self._pr = pod_resources
         self._pods = pods if cfg.identity.use_api_server else None
         self._metrics = metrics or AgentMetrics()
-        self._store = store or LedgerStore(cfg.state_dir)
-        self._persist_failing = False  # the last ledger write failed (reported once)
-        # An append failed: no more appends (the file may end in a torn record) until a
-        # snapshot succeeded and a new journal generation is open.
-        self._journal_broken = False
-        self._compact_lock = threading.Lock()  # one compaction at a time
-        self._compacted_at = 0.0  # time.monotonic() of the last one
+        self._journal = LedgerJournal(store or LedgerStore(cfg.state_dir), self._metrics,
+                                      self.warn_node)
         self._clock = clock
         self.names = ResourceNames(cfg.resources.memory_resource, cfg.resources.core_resource)
         self.feed = ChangeFeed()
@@ -202,8 +169,8 @@ class NodeAgent:
         # first check, it cannot.
         self.enforcement = EnforcementStatus(cfg.runtime.enforcement, ("not checked yet",))
         # HAMi-core's per-container host dirs: made at Allocate, gone with the entry.
-        self._host_dirs = (
-            HostDirs(cfg.runtime.hami_core.cache_dir)
+        self._dirs = ContainerDirs(
+            cfg.runtime.hami_core.cache_dir
             if cfg.runtime.enforcement is EnforcementMode.HAMI_CORE
             else None
         )
@@ -231,7 +198,7 @@ class NodeAgent:
         devices = self.backend.devices()
         unit = self._unit_in_use()
         inventory = Inventory.from_devices(devices, unit)
-        ledger = self._load_ledger(inventory)
+        ledger = self._journal.load(inventory)
         recorded, ledger.unit_mib = ledger.unit_mib, unit
         self.engine = AllocationEngine(
             inventory,
@@ -251,7 +218,7 @@ class NodeAgent:
             annotation_prefix=self._annotation_prefix,
             memory_resource=self.names.memory,
         )
-        self._init_host_dirs()
+        self._dirs.start(self._engine().ledger.entries)
         self.check_enforcement()
         if self._cordon_annotations is not None:
             self.on_node_annotations(self._cordon_annotations)
@@ -314,9 +281,10 @@ class NodeAgent:
         if self._started and self._lock.acquire(timeout=left(0.1)):
             try:
                 self._persist()
-                self._snapshot(self._engine().ledger.to_json(), self._store.journal_gen)
+                self._journal.snapshot(self._engine().ledger.to_json(),
+                                       self._journal.store.journal_gen)
             finally:
-                self._store.close_journal()
+                self._journal.store.close_journal()
                 self._lock.release()
         backend_stop.join(left())
 
@@ -403,7 +371,7 @@ class NodeAgent:
         result = engine.allocate(kind, ids, ctx)
         try:
             spec = self._spec_for(result.entry)
-            self._make_host_dir(result.entry, spec)
+            self._dirs.make(result.entry, spec)
         except AllocationError as exc:
             if exc.reason in _REFUSED:  # refused: the kubelet runs nothing
                 engine.ledger.remove(result.entry.ref)
@@ -436,7 +404,7 @@ class NodeAgent:
                        "adopted": [str(r) for r in result.adopted]},
             )
             self.feed_inventory_changed()
-        self._sweep_host_dirs()
+        self._dirs.sweep()
         self._apply_configured_unit()
 
     def _list_node_pods(self) -> list[PodView] | None:
@@ -668,10 +636,10 @@ class NodeAgent:
         cut in another size: their ids, and the MiB their containers were told, are in
         that size; read in a new one, every device would be over- or under-counted (a
         rollback to smaller units over-commits). That size is kept until no slice is left
-        (``_apply_configured_unit``). An unreadable ledger is left to ``_load_ledger``."""
+        (``_apply_configured_unit``). An unreadable ledger is left to the journal's load."""
         want = self.cfg.memory_unit_mib
         try:
-            old, _torn = self._read_ledger()
+            old = self._journal.peek()
         except LedgerError:
             return want
         if old is None or not old.entries or old.unit_mib in (0, want):
@@ -734,60 +702,6 @@ class NodeAgent:
             return ()
         return (key,) if key else ()
 
-    def _load_ledger(self, inventory: Inventory) -> Ledger:
-        """The persisted ledger. One that cannot be read whole is quarantined (moved
-        aside, reported) and the agent starts empty: start() then re-adopts every running
-        container from PodResources. What a readable ledger says that cannot be true here
-        is reported and kept (docs/allocation.md, "Ledger file")."""
-        try:
-            read, torn = self._read_ledger()
-        except LedgerError as exc:
-            self._quarantine_ledger(exc)
-            return Ledger()
-        ledger = read or Ledger()
-        if torn:
-            self._metrics.ledger_anomaly(JOURNAL_TORN)
-            log.warning("ledger journal: %d record(s) cut short by a crash left out;"
-                        " PodResources reconciliation restores what they said", torn,
-                        extra={"reason": JOURNAL_TORN})
-        anomalies = ledger.anomalies(inventory)
-        for a in anomalies:
-            self._metrics.ledger_anomaly(a.reason)
-        for a in anomalies[:5]:
-            log.warning("ledger inconsistent: %s", a.message, extra={"reason": a.reason})
-        if anomalies:
-            self.warn_node(
-                "LedgerInconsistent",
-                f"{len(anomalies)} ledger entr{'y' if len(anomalies) == 1 else 'ies'} cannot"
-                f" be true on this node, kept until PodResources corrects them (their units"
-                f" stay counted as used), e.g. {anomalies[0].message}",
-            )
-        return ledger
-
-    def _read_ledger(self) -> tuple[Ledger | None, int]:
-        """The snapshot with its journal replayed; appends go to a later generation."""
-        ledger, torn = self._store.read()
-        self._store.journal_gen = self._store.next_gen(ledger)
-        return ledger, torn
-
-    def _quarantine_ledger(self, exc: LedgerError) -> None:
-        try:
-            moved = self._store.quarantine()
-        except LedgerError as err:
-            moved = None
-            log.error("%s", err, extra={"reason": err.reason})
-        self._metrics.ledger_quarantined(exc.reason)
-        log.error(
-            "ledger unreadable, starting empty; PodResources reconciliation re-adopts"
-            " every running container",
-            extra={"reason": exc.reason, "error": exc.message, "moved_to": str(moved)},
-        )
-        self.warn_node(
-            "LedgerQuarantined",
-            f"ledger unreadable ({exc.reason}: {exc.message}); moved to {moved}; starting"
-            " empty, running containers are re-adopted from PodResources",
-        )
-
     def warn_node(self, reason: str, message: str) -> None:
         """A Warning Event on this node (what the agent could not do)."""
         if self._publisher is not None:
@@ -798,72 +712,22 @@ class NodeAgent:
     def _persist(self) -> None:
         """Append what changed to the journal (one write; a snapshot follows in the
         background, ``_maybe_compact``). Called under the lock."""
-        self._follow_host_dirs()  # before the ledger forgets an entry: its dir goes first
-        record = self._engine().ledger.drain_changes()
-        if record is None:
-            return
-        if self._journal_broken:
-            self._metrics.ledger_write_failed()  # not written; the next snapshot holds it
-            return
-        try:
-            if not self._store.journal_open:
-                self._store.open_journal(self._store.journal_gen)
-            self._store.append(record)
-        except LedgerError as exc:
-            self._journal_broken = True
-            self._store.close_journal()
-            self._write_failed(exc)
-            return
-        self._write_ok()
+        if self.engine is not None:  # before the ledger forgets an entry: its dir first
+            self._dirs.follow(self.engine.ledger.entries)
+        self._journal.append(self._engine().ledger)
 
     def compact(self) -> None:
         """Fold the journal into a new ledger.json: the snapshot is taken under the lock,
         written without it; appends go to the next generation meanwhile."""
-        with self._compact_lock:
+        with self._journal.compact_lock:
             with self._lock:
                 self._persist()
-                gen = self._store.journal_gen + 1
-                ledger = self._engine().ledger
-                ledger.journal = gen
-                text = ledger.to_json()
-                self._store.journal_gen = gen
-                self._store.close_journal()  # the next append opens ``gen``
-                self._journal_broken = False
-            self._compacted_at = time.monotonic()
-            self._snapshot(text, gen)
-
-    def _snapshot(self, text: str, gen: int) -> None:
-        try:
-            self._store.save(text)
-        except LedgerError as exc:
-            self._write_failed(exc)  # the journals stay: load replays them all
-            return
-        self._store.drop_journals(gen)
-        self._write_ok()
+                text, gen = self._journal.cut(self._engine().ledger)
+            self._journal.snapshot(text, gen)
 
     def _maybe_compact(self) -> None:
-        records = self._store.journal_records
-        due = time.monotonic() - self._compacted_at >= COMPACT_INTERVAL_S
-        if self.engine is not None and self._started and (
-            records >= COMPACT_RECORDS or (records and due) or self._journal_broken
-        ):
+        if self.engine is not None and self._started and self._journal.due():
             self.compact()
-
-    def _write_failed(self, exc: LedgerError) -> None:
-        # Not the kubelet's problem: the ledger in memory stays authoritative and
-        # PodResources rebuilds the file's content after a restart; failing the call
-        # would only fail the pod. Reported once per failing stretch.
-        self._metrics.ledger_write_failed()
-        if not self._persist_failing:
-            self._persist_failing = True
-            log.error("ledger not written: %s", exc, extra={"reason": exc.reason})
-            self.warn_node(exc.reason, f"ledger not written: {exc.message}")
-
-    def _write_ok(self) -> None:
-        if self._persist_failing:
-            self._persist_failing = False
-            log.info("ledger written again")
-        self._metrics.ledger_write()
 
     def _list_pod_resources(self) -> PodResourcesView | None:
         if self._pr is None:
@@ -941,53 +805,6 @@ class NodeAgent:
         if self._responses is None:
             raise GpuShareError("agent not started")
         return self._responses.build(entry)
-
-    # ---- per-container host dirs (hami-core) -------------------------------------------
-
-    def _host_dir_keys(self) -> dict[str, frozenset[str]]:
-        return {
-            host_dir_key(e): frozenset(e.memory_ids + e.core_ids)
-            for e in self._engine().ledger.entries
-        }
-
-    def _init_host_dirs(self) -> None:
-        if self._host_dirs is None:
-            return
-        try:
-            self._host_dirs.ensure_root()
-        except OSError as exc:
-            log.error("hami-core cache dir %s unusable: %s", self._host_dirs.root, exc)
-        self._host_dirs.follow(self._host_dir_keys(), initial=True)
-
-    def _make_host_dir(self, entry: LedgerEntry, spec: AllocateSpec) -> None:
-        """The container's private cache dir, its HAMi-core region seeded with the
-        slice's limits (sharing/hami_region.py). Raises ``HOST_DIR_UNAVAILABLE``: a
-        slice whose limits cannot reach its container is not handed out."""
-        if self._host_dirs is None:
-            return
-        try:
-            key = host_dir_key(entry)
-            self._host_dirs.create(key)
-            seed_region(self._host_dirs, key, spec.envs)
-        except (OSError, ValueError) as exc:
-            raise AllocationError(
-                f"cache dir not made: {str(exc)[:200]}",
-                reason=AllocationReason.HOST_DIR_UNAVAILABLE, ref=entry.ref,
-            ) from exc
-
-    def _follow_host_dirs(self) -> None:
-        if self._host_dirs is not None and self.engine is not None:
-            self._host_dirs.follow(self._host_dir_keys())
-
-    def _sweep_host_dirs(self) -> None:
-        """Delete released dirs (bounded per pass; the next reconcile goes on)."""
-        if self._host_dirs is None:
-            return
-        try:
-            self._host_dirs.sweep()
-        except OSError as exc:
-            self._host_dirs.failures += 1
-            log.warning("host dir cleanup: %s", exc)
 
     def _report_devices(self) -> None:
         with self._lock:
