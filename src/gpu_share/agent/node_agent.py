@@ -22,6 +22,7 @@ from gpu_share.agent.container_dirs import ContainerDirs
 from gpu_share.agent.enforcement import EnforcementStatus
 from gpu_share.agent.enforcement import check as check_enforcement
 from gpu_share.agent.feed import ChangeFeed
+from gpu_share.agent.holds import DeviceHolds, report_cordon_change, report_enforcement
 from gpu_share.agent.journal import LedgerJournal
 from gpu_share.agent.ports import (
     AgentMetrics,
@@ -53,7 +54,7 @@ from gpu_share.sharing.annotations import (
     enforcement_key,
     inventory_key,
 )
-from gpu_share.sharing.cordon import Cordon, CordonChange, diff_cordons, scan_cordons
+from gpu_share.sharing.cordon import Cordon, diff_cordons, scan_cordons
 from gpu_share.sharing.decision import PREVIOUS_KEY_FILE
 from gpu_share.sharing.engine import (
     Allocation,
@@ -154,21 +155,8 @@ class NodeAgent:
         # start must never overwrite what is on disk).
         self._started = False
         self._annotation_prefix = f"gpu-share.{cfg.resources.domain}"
-        # Cordons the agent honours (device uuid -> who/why), the node's latest cordon
-        # annotations (kept until the engine exists) and the problems already reported.
-        self._cordons: dict[str, Cordon] = {}
-        self._cordon_annotations: Mapping[str, str] | None = None
-        self._cordon_problems: frozenset[tuple[str, str]] = frozenset()
-        # time.monotonic() until which every device is held back while the node's cordons
-        # have not been read yet (``await_cordons``); None: not waiting.
-        self._cordons_due: float | None = None
-        # Devices that DRA claims prepared before a switch to device-plugin mode may still
-        # use (agent/dra_leftovers.py): held back like cordoned ones until they end.
-        self._dra_held: frozenset[str] = frozenset()
-        # Whether the node can enforce its pool's mode (agent/enforcement.py); until the
-        # first check, it cannot.
-        self.enforcement = EnforcementStatus(cfg.runtime.enforcement, ("not checked yet",))
-        # HAMi-core's per-container host dirs: made at Allocate, gone with the entry.
+        # Which devices take no new slice, and why (agent/holds.py).
+        self._holds = DeviceHolds(cfg.runtime.enforcement)
         self._dirs = ContainerDirs(
             cfg.runtime.hami_core.cache_dir
             if cfg.runtime.enforcement is EnforcementMode.HAMI_CORE
@@ -220,8 +208,8 @@ class NodeAgent:
         )
         self._dirs.start(self._engine().ledger.entries)
         self.check_enforcement()
-        if self._cordon_annotations is not None:
-            self.on_node_annotations(self._cordon_annotations)
+        if self._holds.annotations is not None:
+            self.on_node_annotations(self._holds.annotations)
         log.info(
             "devices discovered",
             extra={"devices": [d.uuid for d in devices], "backend": self.backend.name},
@@ -460,66 +448,70 @@ class NodeAgent:
         self.feed.bump()
         self.feed_inventory_changed()
 
-    # ---- cordons (sharing/cordon.py) ---------------------------------------------------
+    # ---- devices held back (agent/holds.py) ------------------------------------------
+
+    @property
+    def enforcement(self) -> EnforcementStatus:
+        """Whether the node can enforce its pool's mode, as last checked."""
+        return self._holds.enforcement
 
     def await_cordons(self, timeout_s: float) -> None:
         """Before ``start``: the node's cordons will come from the node watch. Until its
         first read (``on_node_annotations``), or ``timeout_s`` at most, every device is
         held back (a restarted agent must not offer a cordoned device); past the bound
         they are offered without cordons and a Warning Event says so."""
-        self._cordons_due = time.monotonic() + timeout_s
+        self._holds.await_cordons(timeout_s)
+
+    def _apply_holds(self) -> bool:
+        """The engine's cordons as the holds say now; True when they changed. Under the
+        lock."""
+        engine = self._engine()
+        return engine.set_cordons(self._holds.held(d.uuid for d in engine.inventory.devices))
+
+    def _holds_changed(self, changed: bool) -> None:
+        if changed:
+            self.feed.bump()  # ListAndWatch: the held devices' units are unhealthy now
+            self.feed_inventory_changed()
 
     def _cordon_wait_over(self) -> None:
         """The health pass: the first read did not come in time (API server down)."""
-        due = self._cordons_due
-        if due is None or time.monotonic() < due or self.engine is None:
+        if self.engine is None:
             return
         with self._lock:
-            self._cordons_due = None
-            changed = self._engine().set_cordons(self._held_back(self._engine()))
+            if not self._holds.cordon_wait_over():
+                return
+            changed = self._apply_holds()
         self.warn_node("CordonsUnread", "the node's cordons could not be read from the API "
                        "server in time; devices are offered without them until it answers")
-        if changed:
-            self.feed.bump()
-            self.feed_inventory_changed()
+        self._holds_changed(changed)
 
     def on_node_annotations(self, annotations: Mapping[str, str]) -> None:
         """The node's cordon annotations changed (the node watch): honour them at once.
         Never raises: a bad value is logged, counted, and cordons its device."""
+        holds = self._holds
         with self._lock:
-            self._cordons_due = None  # read: no longer held back for want of them
-            self._cordon_annotations = dict(annotations)
+            holds.cordons_due = None  # read: no longer held back for want of them
+            holds.annotations = dict(annotations)
             engine = self.engine
             if engine is None:
                 return  # start() applies them
             devices = {d.uuid: d.index for d in engine.inventory.devices}
             scan = scan_cordons(annotations, self.cfg.resources.domain, devices)
-            changes = diff_cordons(self._cordons, scan.cordons)
-            self._cordons = dict(scan.cordons)
-            changed = engine.set_cordons(self._held_back(engine))
-        self._report_cordon_problems(scan.problems)
+            changes = diff_cordons(holds.cordons, scan.cordons)
+            holds.cordons = dict(scan.cordons)
+            changed = self._apply_holds()
+        holds.report_problems(scan.problems, self.warn_node, self._metrics.cordon_ignored)
         for change in changes:
-            self._cordon_changed(change, devices.get(change.device))
-        if changed:
-            self.feed.bump()  # ListAndWatch: the device's units are unhealthy now
-            self.feed_inventory_changed()
-
-    def _held_back(self, engine: AllocationEngine) -> list[str]:
-        """Devices that take no new slice: the cordoned ones, those DRA claims may still
-        hold, and all while the node cannot enforce its mode."""
-        if not self.enforcement.ready or self._cordons_due is not None:
-            return [d.uuid for d in engine.inventory.devices]
-        return sorted(set(self._cordons) | self._dra_held)
+            report_cordon_change(change, devices.get(change.device), self._node_event)
+        self._holds_changed(changed)
 
     def hold_for_dra_claims(self, devices: Collection[str]) -> None:
         """Hold back ``devices`` (those of DRA claims left from DRA mode) or, when
         empty, give them back."""
         with self._lock:
-            self._dra_held = frozenset(devices)
-            changed = self._engine().set_cordons(self._held_back(self._engine()))
-        if changed:
-            self.feed.bump()
-            self.feed_inventory_changed()
+            self._holds.dra_held = frozenset(devices)
+            changed = self._apply_holds()
+        self._holds_changed(changed)
 
     def device_ids(self) -> list[str]:
         """Every device of the node (uuid)."""
@@ -531,58 +523,21 @@ class NodeAgent:
         every device back or give them back, and say so."""
         status = check_enforcement(self.cfg.runtime)
         with self._lock:
-            if status == self.enforcement:
+            before = self._holds.enforcement
+            if status == before:
                 return
-            before, self.enforcement = self.enforcement, status
-            changed = self._engine().set_cordons(self._held_back(self._engine()))
+            self._holds.enforcement = status
+            changed = self._apply_holds()
         self._metrics.enforcement(status.mode.value, status.ready)
-        if status.ready:
-            log.info("%s: new slices may land on this node", status.describe())
-            if self._publisher is not None:
-                self._publisher.event(None, self.cfg.node_name, reason="EnforcementReady",
-                                      message=status.describe(), warning=False)
-        else:
-            log.error("%s: no new slice lands on this node (running ones stay)",
-                      status.describe())
-            if before.ready or before.problems != status.problems:
-                self.warn_node("EnforcementUnavailable", status.describe()
-                               + "; no new slice lands on this node, running ones stay")
+        report_enforcement(before, status, self.warn_node, self._node_event)
         if changed:
             self.feed.bump()
         self.feed_inventory_changed()  # the node's annotation and label say it
 
-    def _report_cordon_problems(self, problems: Sequence[tuple[str, str, str]]) -> None:
-        seen = frozenset((key, reason) for key, reason, _ in problems)
-        for key, reason, message in problems:
-            if (key, reason) in self._cordon_problems:
-                continue  # reported when it appeared
-            self._metrics.cordon_ignored(reason)
-            log.warning("cordon annotation ignored: %s", message,
-                        extra={"annotation": key[:120], "reason": reason})
-            what = ("ignored" if reason == "UnknownDevice"
-                    else "unreadable, its device is cordoned all the same")
-            self.warn_node("CordonIgnored", f"annotation {key[:120]} {what}: {message}")
-        self._cordon_problems = seen
-
-    def _cordon_changed(self, change: CordonChange, index: int | None) -> None:
-        what = f"device {index} ({change.device})"
-        if change.cordon is not None:
-            message = (f"{what} cordoned {change.cordon.describe()}; running slices stay,"
-                       " no new slice lands on it")
-            reason = "DeviceCordoned"
-        else:
-            was = change.before.describe() if change.before is not None else ""
-            message = f"{what} uncordoned (was cordoned {was}); new slices may land on it"
-            reason = "DeviceUncordoned"
-        log.info("%s", message, extra={"device": change.device, "reason": reason})
-        if self._publisher is not None:
-            self._publisher.event(None, self.cfg.node_name, reason=reason, message=message,
-                                  warning=False)
-
     def cordons(self) -> dict[str, Cordon]:
         """The cordons honoured now, by device uuid."""
         with self._lock:
-            return dict(self._cordons)
+            return dict(self._holds.cordons)
 
     def feed_inventory_changed(self) -> None:
         """Usage or health changed: refresh metrics and the node annotation, coalesced in
@@ -702,6 +657,12 @@ class NodeAgent:
             return ()
         return (key,) if key else ()
 
+    def _node_event(self, reason: str, message: str) -> None:
+        """A Normal Event on this node."""
+        if self._publisher is not None:
+            self._publisher.event(None, self.cfg.node_name, reason=reason, message=message,
+                                  warning=False)
+
     def warn_node(self, reason: str, message: str) -> None:
         """A Warning Event on this node (what the agent could not do)."""
         if self._publisher is not None:
@@ -819,7 +780,7 @@ class NodeAgent:
                         (self.names.memory, usage[d.uuid].memory_used, d.memory_units),
                         (self.names.core, usage[d.uuid].cores_used, d.cores),
                     ),
-                    d.uuid in self._cordons or d.uuid in self._dra_held,
+                    self._holds.counts_as_cordoned(d.uuid),
                 )
                 for d in self.engine.inventory.devices
             ]
