@@ -95,6 +95,21 @@ def event_reason_of(exc: GpuShareError) -> str:
     return info.event_reason if info is not None else exc.reason
 
 
+class InputError(GpuShareError, ValueError):
+    """Untrusted input that cannot be read as what it claims to be (a quantity, a pod's
+    request, a review, a checkpoint, a watch line). Still a ValueError, as the readers
+    of values expect."""
+
+    reason = "InvalidInput"
+    grpc_code = "INVALID_ARGUMENT"
+
+
+class UsageError(GpuShareError):
+    """Command-line flags a program refuses to start with (exit 2)."""
+
+    reason = "InvalidUsage"
+
+
 class ConfigError(GpuShareError):
     """Configuration is malformed, of an unknown version, or cannot work."""
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from gpu_share.agent.dra_ports import PreparedDevice
 from gpu_share.agent.files import write_atomic
+from gpu_share.errors import InputError
 from gpu_share.sharing.dra_claims import CLAIM_UID
 from gpu_share.sharing.model import DeviceShare
 
@@ -31,8 +32,8 @@ CHECKPOINT_MODE = 0o600
 MAX_CHECKPOINT_BYTES = 16 << 20
 
 
-class CheckpointError(ValueError):
-    pass
+class CheckpointError(InputError):
+    """The checkpoint is not one this driver wrote."""
 
 
 @dataclass(frozen=True)

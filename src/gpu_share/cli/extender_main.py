@@ -18,6 +18,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from gpu_share.config.model import ResourcesConfig
+from gpu_share.errors import UsageError
 from gpu_share.extender.core import Extender, ExtenderSettings
 from gpu_share.extender.http import EXTENDER_LIMITS, make_server
 from gpu_share.extender.ports import ClusterView
@@ -52,10 +53,6 @@ def parse_workload(text: str) -> Workload:
         f = part.split(":")
         shapes.append(Shape(int(f[0]), int(f[1]), float(f[2]) if len(f) > 2 else 1.0))
     return Workload(shapes)
-
-
-class UsageError(Exception):
-    """A flag combination the extender refuses to start with (exit 2)."""
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import threading
 from pydantic import ValidationError
 
 from gpu_share.config.model import AgentConfig, ResourcesConfig
-from gpu_share.errors import KubeAccessError
+from gpu_share.errors import KubeAccessError, UsageError
 from gpu_share.kube.claim_templates import ClaimTemplates, OptInNamespaces
 from gpu_share.kube.rest import make_rest_client
 from gpu_share.observability.http import BoundedServer, ServerLimits
@@ -31,10 +31,6 @@ DEFAULT_NAMESPACE_LABEL = "gpu-share.vendor.com/dra=enabled"
 _LABEL_NAME = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?\Z")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?\Z")
 DEFAULT_UNIT_MIB = int(AgentConfig.model_fields["memory_unit_mib"].default)
-
-
-class UsageError(Exception):
-    """A flag the webhook refuses to start with (exit 2)."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

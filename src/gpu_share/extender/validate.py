@@ -14,6 +14,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
+from gpu_share.errors import InputError
 from gpu_share.extender.api import ExtenderArgs, ExtenderBindingArgs
 from gpu_share.observability import jsonbody
 from gpu_share.observability.http import REASON_LIMIT, short_repr
@@ -26,7 +27,7 @@ MAX_DEPTH = 64  # JSON nesting; a pod object is about 10 deep
 _QUANTITY = re.compile(r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d{1,2}|[numkMGTPE]i?)?$")
 
 
-class BadRequest(ValueError):
+class BadRequest(InputError):
     """The request body is malformed; ``str(e)`` is the short reason answered with 400."""
 
 

@@ -64,7 +64,7 @@ class ResourceExpired(Exception):
     """The watch's resourceVersion is too old (HTTP 410 Gone): relist."""
 
 
-class WatchEventError(Exception):
+class WatchEventError(KubeAccessError):
     """The watch sent an ERROR event (other than 410) or something that is no event."""
 
 

@@ -9,10 +9,11 @@ import re
 from itertools import accumulate
 from typing import Any
 
+from gpu_share.errors import InputError
 from gpu_share.observability.http import REASON_LIMIT
 
 
-class BadJson(ValueError):
+class BadJson(InputError):
     """The body is not strict JSON; ``str(e)`` is the short reason."""
 
 

@@ -24,6 +24,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpu_share.errors import InputError
 from gpu_share.sharing.model import ContainerKind, ContainerRequest, ContainerView
 from gpu_share.sharing.model_req import DEFAULT_MODEL_LABEL, pod_models
 from gpu_share.sharing.placement import ANY_MODEL, Demand, ModelReq, PodDemand
@@ -45,7 +46,7 @@ MAX_CONTAINERS = 1024
 _MAX_ECHO = 40  # characters of tenant input quoted in an error
 
 
-class PodRequestError(ValueError):
+class PodRequestError(InputError):
     """A pod's request is malformed; ``str(e)`` is a short reason naming where."""
 
 

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from fractions import Fraction
 from typing import Any
 
+from gpu_share.errors import InputError
+
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 _DECIMAL = {
     "n": Fraction(1, 10**9),
@@ -37,8 +39,8 @@ MAX_QUANTITY_CHARS = 64
 MAX_EXPONENT = 40
 
 
-class QuantityError(ValueError):
-    pass
+class QuantityError(InputError):
+    """A quantity that is not one, or out of bounds."""
 
 
 def parse_quantity(value: Any) -> Fraction:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_share.errors import KubeAccessError
+from gpu_share.errors import InputError, KubeAccessError
 from gpu_share.kube.claim_templates import TemplateConflict
 from gpu_share.observability import jsonbody
 from gpu_share.sharing.claim_translation import (
@@ -52,7 +52,7 @@ EnsureTemplates = Callable[[Iterable[Mapping[str, Any]], float], None]
 OptedIn = Callable[[str, float], bool]
 
 
-class BadReview(ValueError):
+class BadReview(InputError):
     """The body is no AdmissionReview we can answer; ``str(e)`` is a fixed reason."""
 
 
