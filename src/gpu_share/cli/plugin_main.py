@@ -27,8 +27,7 @@ from gpu_share.agent.cdi import CdiSpecWriter
 from gpu_share.agent.dra_claims import ClaimSource
 from gpu_share.agent.instance_lock import InstanceLock, InstanceLockError
 from gpu_share.agent.node_agent import NodeAgent
-from gpu_share.agent.ports import AgentMetrics, DeviceRow
-from gpu_share.agent.ports import PodSource, Publisher
+from gpu_share.agent.ports import AgentMetrics, DeviceRow, PodSource, Publisher
 from gpu_share.config.loader import InvalidConfigError, load_config
 from gpu_share.config.model import AgentConfig
 from gpu_share.devices.base import Device, DeviceBackend, RuntimeNaming
