@@ -9,14 +9,12 @@ with which facts.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 
 from gpu_share.agent.container_dirs import ContainerDirs
 from gpu_share.agent.enforcement import EnforcementStatus
@@ -26,10 +24,17 @@ from gpu_share.agent.holds import DeviceHolds, report_cordon_change, report_enfo
 from gpu_share.agent.journal import LedgerJournal
 from gpu_share.agent.ports import (
     AgentMetrics,
-    DeviceRow,
     PodResourcesSource,
     PodSource,
     Publisher,
+)
+from gpu_share.agent.published import (
+    decision_key,
+    device_rows,
+    node_annotations,
+    node_labels,
+    pod_annotations,
+    previous_decision_keys,
 )
 from gpu_share.agent.publisher import BackgroundPublisher
 from gpu_share.agent.response import RuntimeResponses
@@ -39,7 +44,6 @@ from gpu_share.devices.base import DeviceBackend, HealthEvent
 from gpu_share.errors import (
     AllocationError,
     AllocationReason,
-    ConfigError,
     GpuShareError,
     KubeAccessError,
     LedgerError,
@@ -47,15 +51,7 @@ from gpu_share.errors import (
     metric_label_of,
 )
 from gpu_share.observability.loops import LoopSupervisor
-from gpu_share.sharing.annotations import (
-    assignment_key,
-    encode_assignment,
-    encode_inventory,
-    enforcement_key,
-    inventory_key,
-)
 from gpu_share.sharing.cordon import Cordon, diff_cordons, scan_cordons
-from gpu_share.sharing.decision import PREVIOUS_KEY_FILE
 from gpu_share.sharing.engine import (
     Allocation,
     AllocationEngine,
@@ -194,8 +190,9 @@ class NodeAgent:
             self.names,
             make_policy(self.cfg.placement.policy),
             degraded_mode=self.cfg.identity.degraded_mode,
-            decision_key=self._decision_key(),
-            previous_decision_keys=self._previous_decision_keys(),
+            decision_key=decision_key(self.cfg.placement.decision_key_file),
+            previous_decision_keys=previous_decision_keys(
+                self.cfg.placement.decision_key_file),
             node_name=self.cfg.node_name,
         )
         # The response reads the engine's device table at each call (health, devices).
@@ -633,30 +630,6 @@ class NodeAgent:
         self.feed.bump()  # ListAndWatch sends the new unit list
         self.feed_inventory_changed()
 
-    def _decision_key(self) -> bytes | None:
-        path = self.cfg.placement.decision_key_file
-        if not path:
-            return None
-        try:
-            key = Path(path).read_bytes().strip()
-        except OSError as exc:
-            raise ConfigError(f"placement.decisionKeyFile {path} cannot be read: {exc}") from exc
-        if not key:
-            raise ConfigError(f"placement.decisionKeyFile {path} is empty")
-        return key
-
-    def _previous_decision_keys(self) -> tuple[bytes, ...]:
-        """The key before the last rotation, from ``previous`` beside the key file (the
-        chart's Secret holds it during a rotation); absent or empty: none."""
-        path = self.cfg.placement.decision_key_file
-        if not path:
-            return ()
-        try:
-            key = (Path(path).parent / PREVIOUS_KEY_FILE).read_bytes().strip()
-        except OSError:
-            return ()
-        return (key,) if key else ()
-
     def _node_event(self, reason: str, message: str) -> None:
         """A Normal Event on this node."""
         if self._publisher is not None:
@@ -771,50 +744,18 @@ class NodeAgent:
         with self._lock:
             if self.engine is None:
                 return
-            usage = self.engine.usage()
-            rows = [
-                DeviceRow(
-                    d.uuid,
-                    d.healthy,
-                    (
-                        (self.names.memory, usage[d.uuid].memory_used, d.memory_units),
-                        (self.names.core, usage[d.uuid].cores_used, d.cores),
-                    ),
-                    self._holds.counts_as_cordoned(d.uuid),
-                )
-                for d in self.engine.inventory.devices
-            ]
+            rows = device_rows(self.engine, self.names, self._holds.counts_as_cordoned)
         self._metrics.devices(rows)
 
     def _node_labels(self) -> Mapping[str, str | None]:
-        """``gpu-share.<domain>/enforcement=<mode>`` while the node can enforce its mode
-        (a nodeSelector for pods that need it); removed while it cannot."""
-        status = self.enforcement
-        return {enforcement_key(self.cfg.resources.domain):
-                status.mode.value if status.ready else None}
+        return node_labels(self.cfg.resources.domain, self.enforcement)
 
     def _node_annotations(self) -> Mapping[str, str | None]:
         with self._lock:
             doc = self._engine().inventory_view(self.cfg.node_name)
-        return {
-            inventory_key(self.cfg.resources.domain): encode_inventory(doc),
-            enforcement_key(self.cfg.resources.domain): json.dumps(
-                self.enforcement.as_doc(), sort_keys=True, separators=(",", ":")),
-        }
+        return node_annotations(self.cfg.resources.domain, doc, self.enforcement)
 
     def _pod_annotations(self, namespace: str, name: str) -> Mapping[str, str | None] | None:
         with self._lock:
-            engine = self._engine()
-            doc = engine.assignment_of(namespace, name)
-            uids = {e.ref.pod_uid for e in engine.ledger.pod_entries((namespace, name))}
-        key = assignment_key(self.cfg.resources.domain)
-        if doc is None:
-            return {key: None}  # removes a stale annotation once we hold nothing for the pod
-        # Signed for this pod's uid on this node when we have the extender's key, so the
-        # extender's view can tell it from a tenant's copy; unsigned (and ignored by the
-        # view) while the uid is unknown (degraded) or ambiguous.
-        uid = next(iter(uids)) if len(uids) == 1 else ""
-        signer = engine.decision_key
-        if signer and uid and self.cfg.node_name:
-            return {key: doc.encode(signer, pod_uid=uid, node=self.cfg.node_name)}
-        return {key: encode_assignment(doc)}
+            return pod_annotations(self.cfg.resources.domain, self._engine(),
+                                   self.cfg.node_name, namespace, name)
