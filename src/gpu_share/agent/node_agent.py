@@ -39,6 +39,7 @@ from gpu_share.agent.published import (
 from gpu_share.agent.publisher import BackgroundPublisher
 from gpu_share.agent.response import RuntimeResponses
 from gpu_share.agent.state import LedgerStore
+from gpu_share.agent.unit_size import unit_in_use
 from gpu_share.config.model import AgentConfig, EnforcementMode
 from gpu_share.devices.base import DeviceBackend, HealthEvent
 from gpu_share.errors import (
@@ -46,7 +47,6 @@ from gpu_share.errors import (
     AllocationReason,
     GpuShareError,
     KubeAccessError,
-    LedgerError,
     event_reason_of,
     metric_label_of,
 )
@@ -180,7 +180,7 @@ class NodeAgent:
         """Discover devices (the backend is already started), load and reconcile the
         ledger."""
         devices = self.backend.devices()
-        unit = self._unit_in_use()
+        unit = unit_in_use(self.cfg.memory_unit_mib, self._journal, self.warn_node)
         inventory = Inventory.from_devices(devices, unit)
         ledger = self._journal.load(inventory)
         recorded, ledger.unit_mib = ledger.unit_mib, unit
@@ -583,32 +583,6 @@ class NodeAgent:
 
     # ---- memory unit size (docs/allocation.md, "Unit size changes") -------------------
 
-    def _unit_in_use(self) -> int:
-        """The configured memory unit size, except while the persisted ledger holds slices
-        cut in another size: their ids, and the MiB their containers were told, are in
-        that size; read in a new one, every device would be over- or under-counted (a
-        rollback to smaller units over-commits). That size is kept until no slice is left
-        (``_apply_configured_unit``). An unreadable ledger is left to the journal's load."""
-        want = self.cfg.memory_unit_mib
-        try:
-            old = self._journal.peek()
-        except LedgerError:
-            return want
-        if old is None or not old.entries or old.unit_mib in (0, want):
-            return want  # 0: recorded by an older agent, the size is unknown
-        log.warning(
-            "memory unit size change deferred: running slices use the old size",
-            extra={"configured_mib": want, "in_use_mib": old.unit_mib,
-                   "entries": len(old.entries)},
-        )
-        self.warn_node(
-            "MemoryUnitChangeDeferred",
-            f"memoryUnitMiB {want} is configured but {len(old.entries)} slice(s) were cut in"
-            f" {old.unit_mib} MiB units: the node keeps advertising {old.unit_mib} MiB units"
-            f" until no slice is left, then switches to {want} MiB",
-        )
-        return old.unit_mib
-
     def _apply_configured_unit(self) -> None:
         """A deferred unit size change takes effect once the ledger is empty (checked
         after each reconcile with PodResources: every running slice is then in it)."""
@@ -621,12 +595,8 @@ class NodeAgent:
             self._persist()
         log.info("memory unit size changed", extra={"from_mib": was, "to_mib": want})
         self._metrics.memory_unit(want, want)
-        if self._publisher is not None:
-            self._publisher.event(
-                None, self.cfg.node_name, reason="MemoryUnitChanged",
-                message=f"no slice left: memory units are now {want} MiB (were {was} MiB)",
-                warning=False,
-            )
+        self._node_event("MemoryUnitChanged",
+                         f"no slice left: memory units are now {want} MiB (were {was} MiB)")
         self.feed.bump()  # ListAndWatch sends the new unit list
         self.feed_inventory_changed()
 
