@@ -16,6 +16,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 
+from gpu_share.agent.calls import CallFacts, CallReports
 from gpu_share.agent.container_dirs import ContainerDirs
 from gpu_share.agent.enforcement import EnforcementStatus
 from gpu_share.agent.enforcement import check as check_enforcement
@@ -47,8 +48,6 @@ from gpu_share.errors import (
     AllocationReason,
     GpuShareError,
     KubeAccessError,
-    event_reason_of,
-    metric_label_of,
 )
 from gpu_share.observability.loops import LoopSupervisor
 from gpu_share.sharing.cordon import Cordon, diff_cordons, scan_cordons
@@ -56,22 +55,19 @@ from gpu_share.sharing.engine import (
     Allocation,
     AllocationEngine,
     CallContext,
-    Preferred,
     ReconcileResult,
 )
 from gpu_share.sharing.inventory import Inventory
-from gpu_share.sharing.ledger import EntrySource, LedgerEntry
+from gpu_share.sharing.ledger import LedgerEntry
 from gpu_share.sharing.limits import MEMORY_REQUIRED
 from gpu_share.sharing.model import (
     AdvertisedDevice,
     AllocateSpec,
-    ContainerRef,
     PodResourcesView,
     PodView,
     ResourceKind,
     ResourceNames,
 )
-from gpu_share.sharing.notes import NoteKind, degraded_label, texts
 from gpu_share.sharing.policy import make_policy
 
 log = logging.getLogger(__name__)
@@ -173,6 +169,8 @@ class NodeAgent:
             if publisher is not None and cfg.node_name
             else None
         )
+        self._facts = CallFacts(self._pr, self._pods, self._metrics, clock)
+        self._reports = CallReports(self._metrics, self._publisher, cfg.node_name)
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -310,10 +308,10 @@ class NodeAgent:
                 result = self._engine().preferred(kind, available, must_include, size, ctx)
                 if result.changed:
                     self._persist()
-            self._after_call(resource, result)
+            self._reports.after(resource, result)
             return list(result.ids)
         except AllocationError as exc:
-            self._failed(resource, exc)
+            self._reports.failed(resource, exc)
             raise
         finally:
             self._metrics.observe_call("preferred", resource, time.perf_counter() - t0)
@@ -336,14 +334,14 @@ class NodeAgent:
                 with self._lock:
                     done = self._allocate_locked(resource, kind, ids, ctx)
             result, spec = done
-            self._after_call(resource, result)
+            self._reports.after(resource, result)
             self._metrics.allocation(resource, result.entry.source)
             self.feed_inventory_changed()
             if result.entry.ref.namespace and self._publisher is not None:
                 self._publisher.pod_changed(result.entry.ref.namespace, result.entry.ref.pod_name)
             return spec
         except AllocationError as exc:
-            self._failed(resource, exc)
+            self._reports.failed(resource, exc)
             raise
         finally:
             self._metrics.observe_call("allocate", resource, time.perf_counter() - t0)
@@ -634,76 +632,11 @@ class NodeAgent:
             self.compact()
 
     def _list_pod_resources(self) -> PodResourcesView | None:
-        if self._pr is None:
-            return None
-        try:
-            return self._pr.list()
-        except KubeAccessError as exc:
-            self._metrics.kube_error("podresources_list")
-            log.warning("PodResources unreachable: %s", exc)
-            return None
+        return self._facts.pod_resources()
 
     def _context(self) -> CallContext:
-        """Facts for one kubelet call: PodResources now, and specs of pods it needs (from
-        the pod source: the node's watch-fed cache, one GET on a miss)."""
-        now = self._clock()
-        pr = self._list_pod_resources()
-        if pr is None or self._pods is None:
-            return CallContext(pr=pr, pods=None, now=now)
-        pods: dict[tuple[str, str], PodView] = {}
-        for ns, name in self._engine().context_needs(pr):
-            try:
-                view = self._pods.get_pod(ns, name)
-            except KubeAccessError as exc:
-                self._metrics.kube_error("get_pod")
-                log.warning("API server unreachable for pod %s/%s: %s", ns, name, exc)
-                return CallContext(pr=pr, pods=None, now=now)
-            if view is not None:
-                pods[(ns, name)] = view
-        return CallContext(pr=pr, pods=pods, now=now)
-
-    def _after_call(self, resource: str, result: Preferred | Allocation) -> None:
-        if result.identity_source is EntrySource.DEGRADED:
-            reason = "; ".join(texts(result.notes)) or "pod unknown"
-            self._metrics.degraded(degraded_label(result.notes))
-            log.warning("degraded decision", extra={"resource": resource, "notes": reason})
-            if self._publisher is not None:
-                self._publisher.event(
-                    None, self.cfg.node_name, reason="DegradedAllocation",
-                    message=f"{resource}: {reason}", warning=True,
-                )
-        elif result.notes:
-            log.info("allocation notes",
-                     extra={"resource": resource, "notes": texts(result.notes)})
-            ref = result.entry.ref
-            for note in result.notes:
-                if note.kind is NoteKind.EXTENDER_IGNORED and self._publisher is not None:
-                    self._publisher.event(ref.namespace, ref.pod_name,
-                                          reason="ExtenderDecisionIgnored", message=note.text,
-                                          warning=True)
-        if result.ambiguity:
-            self._metrics.ambiguous()
-
-    def _failed(self, resource: str, exc: AllocationError) -> None:
-        self._metrics.failure(resource, metric_label_of(exc))
-        ref = exc.ref if isinstance(exc.ref, ContainerRef) else None
-        log.warning(
-            "allocation failed",
-            extra={"resource": resource, "reason": exc.reason, "error": exc.message,
-                   "container": str(ref) if ref else None},
-        )
-        if self._publisher is None:
-            return
-        if ref is not None and ref.namespace:
-            self._publisher.event(
-                ref.namespace, ref.pod_name, reason=event_reason_of(exc),
-                message=f"container {ref.container_name}: {exc.message}", warning=True,
-            )
-        else:
-            self._publisher.event(
-                None, self.cfg.node_name, reason=event_reason_of(exc),
-                message=f"{resource}: {exc.message}", warning=True,
-            )
+        """Facts for one kubelet call, without the lock (``agent/calls.py``)."""
+        return self._facts.context(self._engine().context_needs)
 
     def _spec_for(self, entry: LedgerEntry) -> AllocateSpec:
         if self._responses is None:
