@@ -13,9 +13,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
 from functools import partial
 
+from gpu_share.agent.bindings import ResourceBinding
 from gpu_share.agent.calls import CallFacts, CallReports
 from gpu_share.agent.container_dirs import ContainerDirs
 from gpu_share.agent.enforcement import EnforcementStatus
@@ -83,29 +83,6 @@ HEALTH_MAX_AGE_EXTRA_S = 120.0  # on top of two poll intervals
 STOP_TIMEOUT_S = 2.0
 # Allocations refused whole: nothing is held for the container (the kubelet runs nothing).
 _REFUSED = frozenset({MEMORY_REQUIRED, AllocationReason.HOST_DIR_UNAVAILABLE})
-
-
-@dataclass(frozen=True)
-class ResourceBinding:
-    """``plugin.handler.ResourceHandler`` for one extended resource: the agent's own
-    methods with the resource's kind bound (``functools.partial``), so the gRPC servicer
-    calls the agent with no layer in between."""
-
-    kind: ResourceKind
-    resource_name: str
-    list_devices: Callable[[], list[AdvertisedDevice]]
-    wait_for_change: Callable[[int, float], int]
-    preferred_allocation: Callable[[Sequence[str], Sequence[str], int], list[str]]
-    allocate: Callable[[Sequence[str]], AllocateSpec]
-    preferred_allocation_available: bool = True
-    pre_start_required: bool = False
-
-    @property
-    def endpoint(self) -> str:
-        return "gpu-share-" + self.resource_name.split("/", 1)[1] + ".sock"
-
-    def pre_start(self, device_ids: Sequence[str]) -> None:
-        return None
 
 
 class NodeAgent:
