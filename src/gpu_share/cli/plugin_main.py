@@ -19,20 +19,20 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING
 
 from gpu_share.agent.cdi import CdiSpecWriter
-from gpu_share.agent.dra_claims import ClaimSource
 from gpu_share.agent.instance_lock import InstanceLock, InstanceLockError
 from gpu_share.agent.node_agent import NodeAgent
-from gpu_share.agent.ports import AgentMetrics, DeviceRow, PodSource, Publisher
+from gpu_share.agent.ports import AgentMetrics, DeviceRow
+from gpu_share.cli.agent_kube import KUBE_INIT_MAX_AGE_S, LazyKube, kube_clients
 from gpu_share.config.loader import InvalidConfigError, load_config
 from gpu_share.config.model import AgentConfig
 from gpu_share.devices.base import Device, DeviceBackend, RuntimeNaming
 from gpu_share.devices.factory import start_backend
-from gpu_share.errors import ConfigError, DeviceBackendError, GpuShareError, KubeAccessError
+from gpu_share.errors import ConfigError, DeviceBackendError, GpuShareError
 from gpu_share.observability.http import HttpHandle, start_http
 from gpu_share.observability.logging import configure_logging
 from gpu_share.observability.loops import Interrupted, LoopSupervisor, interruptible
@@ -40,15 +40,11 @@ from gpu_share.observability.metrics import MIB, Metrics
 from gpu_share.plugin.manager import PluginManager
 from gpu_share.plugin.podresources import PodResourcesClient
 from gpu_share.plugin.sizeguard import guard_devices
-from gpu_share.sharing.model import PodView
 
 if TYPE_CHECKING:  # imported when the API server is wanted, off the path to registration
     from gpu_share.agent.dra_leftovers import DraLeftovers
     from gpu_share.cli.dra_mode import DraFrontEnd
     from gpu_share.dra.server import DraPluginServer
-    from gpu_share.kube.cordon import NodeCordonWatch
-    from gpu_share.kube.pods import KubePodSource, NodePodCache
-    from gpu_share.kube.rest import RestClient
 
 log = logging.getLogger("gpu_share.plugin_main")
 
@@ -58,8 +54,6 @@ EXIT_DEADLINE_S = 4.5
 DRAIN_TIMEOUT_S = 1.0  # ListAndWatch streams hand the all-unhealthy list to the kubelet
 PLUGINS_STOP_TIMEOUT_S = 1.0
 AGENT_STOP_TIMEOUT_S = 1.5
-KUBE_INIT_MAX_AGE_S = 120.0  # importing the client and reading its config
-CACHE_STOP_TIMEOUT_S = 0.5
 # How long a starting agent holds every device back waiting for the node's cordons.
 CORDONS_FIRST_READ_S = 60.0
 # The DRA-leftovers loop beats once per recheck, after a claim read that may wait for
@@ -123,167 +117,6 @@ class PrometheusAgentMetrics(AgentMetrics):
         self.m.memory_unit_bytes.labels(unit="in-use").set(in_use_mib * MIB)
 
 
-class _LazyKube:
-    """PodSource + Publisher whose real clients are built in a background thread.
-
-    The clients (``kube.rest``, not the generated Kubernetes client) read their config and
-    build a TLS context, and the pod cache lists; none of it delays the registration with
-    the kubelet. Calls made before
-    the clients exist wait for them (bounded); when no API server is configured, they act
-    as absent (identity from PodResources, no annotations or Events).
-    """
-
-    def __init__(self, cfg: AgentConfig, metrics: Metrics, loops: LoopSupervisor) -> None:
-        self._cfg = cfg
-        self._metrics = metrics
-        self._loops = loops
-        self._ready = threading.Event()
-        self._closed = threading.Event()
-        self.pods: PodSource | None = None
-        self._cache: NodePodCache | None = None
-        self.publisher: Publisher | None = None
-        self.api: RestClient | None = None
-        self._claims: ClaimSource | None = None
-        self._node_watch: NodeCordonWatch | None = None
-        # Supervised: an unexpected failure is logged, counted and retried (callers stop
-        # waiting after the first try either way).
-        loops.spawn(
-            "kube-init", self._build, max_age_s=KUBE_INIT_MAX_AGE_S, stop=self._closed, once=True
-        )
-
-    def close(self) -> None:
-        """Shutting down: nobody waits for the clients any more."""
-        self._closed.set()
-        self._ready.set()
-        if self._cache is not None:
-            self._cache.stop(timeout=CACHE_STOP_TIMEOUT_S)
-        if self._node_watch is not None:
-            self._node_watch.stop(CACHE_STOP_TIMEOUT_S)
-
-    def claim_reader(self) -> ClaimSource | None:
-        """ResourceClaims from the API server once the client exists (bounded wait);
-        None without one."""
-        from gpu_share.kube.resourceclaims import KubeClaimReader
-
-        self._ready.wait(KUBE_INIT_MAX_AGE_S)
-        if self.api is None or self._closed.is_set():
-            return None
-        if self._claims is None:
-            self._claims = KubeClaimReader(self.api)
-        return self._claims
-
-    def watch_cordons(self, on_change: Callable[[Mapping[str, str]], None]) -> None:
-        """Follow the node's cordon annotations (sharing/cordon.py) once the client
-        exists; nothing without an API server or a node name."""
-        self._loops.spawn("node-watch-init", lambda: self._start_node_watch(on_change),
-                          max_age_s=KUBE_INIT_MAX_AGE_S, stop=self._closed, once=True)
-
-    def _start_node_watch(self, on_change: Callable[[Mapping[str, str]], None]) -> None:
-        from gpu_share.kube.cordon import NodeCordonWatch
-        from gpu_share.sharing.cordon import cordon_key_prefix
-
-        self._ready.wait()
-        if self.api is None or not self._cfg.node_name or self._closed.is_set():
-            on_change({})  # no API server: no cordons to wait for
-            return
-        watch = NodeCordonWatch(
-            self.api, self._cfg.node_name, cordon_key_prefix(self._cfg.resources.domain),
-            on_change, loops=self._loops,
-            on_error=lambda loop: self._metrics.loop_errors_total.labels(loop=loop).inc(),
-        )
-        watch.start()
-        self._node_watch = watch
-
-    def _build(self) -> None:
-        try:
-            from gpu_share.kube.pods import KubePodSource, NodePodCache
-            from gpu_share.kube.publish import KubePublisher
-            from gpu_share.kube.rest import make_rest_client
-
-            try:
-                api = make_rest_client()
-            except KubeAccessError as exc:
-                log.warning(
-                    "no API server configured; running standalone (identity from"
-                    " PodResources, no annotations or Events): %s", exc,
-                )
-                return
-            self.api = api
-            if self._cfg.identity.use_api_server:
-                source = KubePodSource.from_config(api, self._cfg.resources)
-                self.pods = self._node_cache(source, NodePodCache) or source
-            self.publisher = KubePublisher(
-                api,
-                host_node=self._cfg.node_name,
-                on_error=lambda kind, _exc: self._metrics.kube_errors_total.labels(
-                    op=kind).inc(),
-            )
-        finally:
-            self._ready.set()
-
-    def _node_cache(self, source: KubePodSource, cls: type[NodePodCache]) -> NodePodCache | None:
-        """The watch-fed cache of this node's pods: the agent's one pod source (a miss
-        is one GET). None without a node name (then every read is a GET)."""
-        if not self._cfg.node_name or self._closed.is_set():
-            return None
-        cache = cls(
-            source,
-            self._cfg.node_name,
-            loops=self._loops,
-            on_error=lambda loop: self._metrics.loop_errors_total.labels(loop=loop).inc(),
-        )
-        cache.start()
-        self._cache = cache
-        return cache
-
-    def _pods(self) -> PodSource:
-        self._ready.wait(30.0)
-        if self.pods is None:
-            raise KubeAccessError("API server client unavailable")
-        return self.pods
-
-    def _pub(self) -> Publisher | None:
-        self._ready.wait(30.0)
-        return self.publisher
-
-    # PodSource
-    def get_pod(self, namespace: str, name: str) -> PodView | None:
-        return self._pods().get_pod(namespace, name)
-
-    def list_node_pods(self, node_name: str) -> list[PodView]:
-        return self._pods().list_node_pods(node_name)
-
-    # Publisher (the agent publishes from a background thread; waiting there is fine)
-    def annotate_node(self, node_name: str, annotations: Mapping[str, str | None],
-                      labels: Mapping[str, str | None] | None = None) -> bool:
-        p = self._pub()
-        return True if p is None else p.annotate_node(node_name, annotations, labels)
-
-    def annotate_pod(
-        self, namespace: str, name: str, annotations: Mapping[str, str | None]
-    ) -> bool:
-        p = self._pub()
-        return True if p is None else p.annotate_pod(namespace, name, annotations)
-
-    def pod_event(
-        self, namespace: str, name: str, *, reason: str, message: str, warning: bool
-    ) -> None:
-        if (p := self._pub()) is not None:
-            p.pod_event(namespace, name, reason=reason, message=message, warning=warning)
-
-    def node_event(self, node_name: str, *, reason: str, message: str, warning: bool) -> None:
-        if (p := self._pub()) is not None:
-            p.node_event(node_name, reason=reason, message=message, warning=warning)
-
-
-def _kube_clients(cfg: AgentConfig, metrics: Metrics, loops: LoopSupervisor) -> _LazyKube | None:
-    """API server access (built in the background), or None when not wanted."""
-    publishes = any((cfg.publish.node_annotation, cfg.publish.pod_annotation, cfg.publish.events))
-    if not (cfg.identity.use_api_server or publishes):
-        return None
-    return _LazyKube(cfg, metrics, loops)
-
-
 def _guard_sizes(cfg: AgentConfig, devices: Sequence[Device]) -> None:
     """Refuse a config these devices cannot serve (ListAndWatch over 1 MiB, a device
     smaller than one unit), before any list is built: a bad unit size can mean millions
@@ -322,7 +155,7 @@ class _Node:
         self.metrics = metrics
         self.loops = loops
         self.stop = stop
-        self.kube: _LazyKube | None = None
+        self.kube: LazyKube | None = None
         self.pr: PodResourcesClient | None = None
         self.agent: NodeAgent | None = None
         self.manager: PluginManager | None = None
@@ -357,7 +190,7 @@ class _Node:
     def _start(self) -> None:
         cfg, stop = self.cfg, self.stop
         backend = interruptible(lambda: start_backend(cfg), stop, name="backend-start")
-        self.kube = _kube_clients(cfg, self.metrics, self.loops)
+        self.kube = kube_clients(cfg, self.metrics, self.loops)
         use_api = self.kube is not None and cfg.identity.use_api_server
         publishes = self.kube is not None and any(
             (cfg.publish.node_annotation, cfg.publish.pod_annotation, cfg.publish.events)
