@@ -48,7 +48,7 @@ from gpu_share.sharing.claim_translation import (
     claim_name,
     template_body,
 )
-from gpu_share.sharing.dra_claims import claim_spec_file_name
+from gpu_share.sharing.dra_cdi import claim_spec_file_name
 from gpu_share.sharing.model import ResourceNames
 from gpu_share.sharing.quantity import MIB, parse_quantity
 from tests.e2e.support import (

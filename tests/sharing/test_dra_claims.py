@@ -16,12 +16,10 @@ from gpu_share.config.model import DummyConfig, EnforcementMode
 from gpu_share.devices.base import Device
 from gpu_share.devices.dummy import DummyBackend
 from gpu_share.sharing.cdi import ENV_CDI_DEVICE_PREFIX
+from gpu_share.sharing.dra_cdi import claim_cdi_device_id, claim_cdi_spec, claim_spec_file_name
 from gpu_share.sharing.dra_claims import (
     ClaimError,
     ClaimReason,
-    claim_cdi_device_id,
-    claim_cdi_spec,
-    claim_spec_file_name,
     over_capacity,
     parse_claim,
 )

@@ -48,14 +48,12 @@ from gpu_share.devices.base import Device, RuntimeNaming
 from gpu_share.errors import GpuShareError, KubeAccessError
 from gpu_share.kube.resourceclaims import ClaimNotFoundError
 from gpu_share.sharing.cdi import uses_cdi
+from gpu_share.sharing.dra_cdi import claim_cdi_device_id, claim_cdi_spec, claim_spec_file_name
 from gpu_share.sharing.dra_claims import (
     CLAIM_UID,
     ClaimError,
     ClaimReason,
     ParsedClaim,
-    claim_cdi_device_id,
-    claim_cdi_spec,
-    claim_spec_file_name,
     enforcement_for,
     over_capacity,
     parse_claim,

@@ -43,7 +43,7 @@ from gpu_share.agent.hostdirs import HostDirs
 from gpu_share.config.model import AgentConfig
 from gpu_share.errors import KubeAccessError
 from gpu_share.kube.resourceclaims import ClaimNotFoundError
-from gpu_share.sharing.dra_claims import claim_spec_file_name
+from gpu_share.sharing.dra_cdi import claim_spec_file_name
 
 log = logging.getLogger(__name__)
 
