@@ -1,4 +1,4 @@
-{{/* Helpers of the DRA admission webhook (webhook.*, issue #13). */}}
+{{/* Helpers of the DRA admission webhook (webhook.*, docs/dra.md). */}}
 
 {{/* What the webhook must agree on with the DRA pools' agents, as JSON: driver (the
 DeviceClass its claims name), memoryUnitMiB, domain, memoryName, coreName and the two full

@@ -1,4 +1,4 @@
-"""The agent's side of DRA's NodePrepareResources / NodeUnprepareResources (#13):
+"""The agent's side of DRA's NodePrepareResources / NodeUnprepareResources:
 ``DraClaimPreparer`` implements ``agent.dra_ports.ClaimPreparer``.
 
 Prepare, per claim: read it (one GET), check that it is the claim the kubelet means

@@ -360,7 +360,7 @@ DRA_DRIVER_NAME_MAX = 63
 
 
 class DraConfig(_Strict):
-    """Kubernetes DRA driver mode (#13): the agent serves NodePrepareResources /
+    """Kubernetes DRA driver mode: the agent serves NodePrepareResources /
     NodeUnprepareResources for ResourceClaims allocated from its ResourceSlice."""
 
     enabled: bool = False

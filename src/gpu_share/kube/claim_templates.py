@@ -1,4 +1,4 @@
-"""ResourceClaimTemplates the admission webhook's pods refer to (DRA mode, #13).
+"""ResourceClaimTemplates the admission webhook's pods refer to (DRA mode).
 
 ``ensure`` makes a template exist in its namespace before the webhook admits a pod that
 names it: create it; 409 AlreadyExists is fine when the stored one asks the same

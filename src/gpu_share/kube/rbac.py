@@ -22,7 +22,7 @@ AGENT_RULES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("resource.k8s.io", "resourceclaims", ("get",)),
 )
 
-# Added when a node pool runs in DRA mode (#13). RBAC cannot name the node: the chart's
+# Added when a node pool runs in DRA mode. RBAC cannot name the node: the chart's
 # own-node admission policy confines slice writes to the agent's node.
 DRA_AGENT_RULES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     # The node's ResourceSlice (kube/resourceslices.py).

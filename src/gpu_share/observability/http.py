@@ -3,7 +3,7 @@
 ``BoundedServer`` (http_server.py, re-exported here) serves the agent endpoint, the
 scheduler extender and the DRA webhook. The stdlib ``ThreadingHTTPServer`` it replaces
 spent one thread per connection with no socket timeout and read bodies of any size, so
-idle or half-sent clients held threads and memory without bound (issue 11, items 1 and 7).
+idle or half-sent clients held threads and memory without bound.
 Here:
 
 * one I/O thread accepts connections, does TLS handshakes (non-blocking) and receives

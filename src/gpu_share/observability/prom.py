@@ -2,7 +2,7 @@
 text exposition format 0.0.4.
 
 It replaces ``prometheus_client`` on the agent's path (about 5 MiB of RSS and 25 ms of
-import for the dozen metrics we export; issue #16). What it writes, per family::
+import for the dozen metrics we export). What it writes, per family::
 
     # HELP <name> <help, with \\ and newline escaped>
     # TYPE <name> counter|gauge|histogram

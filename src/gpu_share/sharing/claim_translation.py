@@ -1,6 +1,6 @@
 """vcuda limits -> a ResourceClaim per container, for the DRA admission webhook (pure).
 
-In DRA mode (#13) pods keep asking ``vendor.com/vcuda-memory: 4`` (memory units) and
+In DRA mode pods keep asking ``vendor.com/vcuda-memory: 4`` (memory units) and
 ``vendor.com/vcuda-core: 30`` (percent of a device) in their container limits. The
 webhook rewrites such a pod: each asking container gets one pod claim
 ``gpu-share-<container>`` made from the namespace's ResourceClaimTemplate

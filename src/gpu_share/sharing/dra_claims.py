@@ -1,4 +1,4 @@
-"""A ResourceClaim allocated from our ResourceSlice, read as device shares (DRA mode, #13).
+"""A ResourceClaim allocated from our ResourceSlice, read as device shares (DRA mode).
 
 Pure: the agent (``agent/dra_claims.py``) reads the claim from the API server and writes
 the CDI spec built here. What the claim says is the scheduler's allocation

@@ -1,6 +1,6 @@
 """The node's ResourceSlice (DRA, resource.k8s.io/v1) built from the inventory (pure).
 
-docs: the DRA contract of #13. One slice per node and driver, pool = node name; one
+docs: the DRA contract of docs/dra.md. One slice per node and driver, pool = node name; one
 device per healthy device (``gpu-<index>``) that many claims may share
 (``allowMultipleAllocations``), with consumable ``memory`` and ``cores`` capacities whose
 request policies carry the unit size. ``SliceContent.digest`` covers everything but the
