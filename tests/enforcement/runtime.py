@@ -16,6 +16,7 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,6 +135,37 @@ def start(
         text=True,
     )
     return Container(proc, scratch)
+
+
+def wait_holding(ctr: Container, timeout_s: float = 60) -> int:
+    """Block until the workload of ``ctr`` (started with ``--hold-seconds``) holds its
+    allocations; the MiB it holds. Its later output is left for ``finish``."""
+    assert ctr.proc.stdout is not None
+    box: list[str] = []
+    reader = threading.Thread(target=lambda: box.append(_holding_line(ctr.proc)), daemon=True)
+    reader.start()
+    reader.join(timeout_s)
+    if not box:
+        ctr.proc.kill()
+        raise AssertionError(f"the workload did not hold its memory within {timeout_s}s")
+    if not box[0].startswith("holding "):
+        raise AssertionError(f"the workload ended before holding: {box[0]!r}")
+    return int(box[0].split()[1])
+
+
+def stop(ctr: Container) -> None:
+    """Kill a started container that is still holding (its result is not wanted)."""
+    ctr.proc.kill()
+    ctr.proc.communicate()
+    shutil.rmtree(ctr.scratch, ignore_errors=True)
+
+
+def _holding_line(proc: subprocess.Popen[str]) -> str:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("holding ") or line.startswith("{"):
+            return line
+    return "<end of output>"
 
 
 def finish(ctr: Container, timeout_s: float = 60) -> Run:

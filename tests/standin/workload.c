@@ -345,6 +345,11 @@ int main(int argc, char **argv)
     CUdeviceptr *ptrs = allocate(&o, &r);
     if (o.launch_s > 0)
         launch(&o, &r, r.chunks ? ptrs[0] : 0);
+    if (o.hold_s > 0) {
+        /* Not JSON: a runner waiting for the allocations to be in place reads this line. */
+        printf("holding %lld MiB\n", r.allocated_mib);
+        fflush(stdout);
+    }
     sleep_s(o.hold_s);
     for (long i = r.chunks; i-- > 0;) {
         if ((rc = cu.MemFree(ptrs[i])) != CUDA_SUCCESS) {
