@@ -35,6 +35,12 @@ class ApiDownSim(KubeletSim):
         return CallContext(self.pr(), None, self.now)
 
 
+def _reconcile_blind(sim: KubeletSim) -> None:
+    """The agent's periodic reconcile with the API server down: PodResources only."""
+    sim.now += 0.1
+    sim.engine.reconcile(sim.pr(), None, sim.now)
+
+
 def _holder(sim: KubeletSim, ids: list[str]) -> LedgerEntry:
     (e,) = [x for x in sim.engine.ledger.entries if set(ids) & {*x.memory_ids, *x.core_ids}]
     return e
@@ -120,13 +126,16 @@ class _FixedOrder(random.Random):
         max_size=14,
     ),
     seed=st.integers(0, 2**16),
+    reconcile_between=st.booleans(),
 )
 def test_blind_containers_are_never_split_and_refused_only_without_a_device(
-    burst: list[tuple[int, int]], seed: int
+    burst: list[tuple[int, int]], seed: int, reconcile_between: bool
 ) -> None:
-    """API server down, one container per pod: each stays on one device, nothing is
+    """API server down, one container per pod (with the reconcile loop running before
+    every kubelet call, or not at all): each stays on one device, nothing is
     over-committed, and a pod is refused only when no single device had room for it."""
-    sim = ApiDownSim(engine(devices(3, 8)), random.Random(seed))
+    sim = ApiDownSim(engine(devices(3, 8)), random.Random(seed),
+                     before_call=_reconcile_blind if reconcile_between else None)
     for i, (m, c) in enumerate(burst):
         usage = sim.engine.usage()
         fits = any(
@@ -137,3 +146,20 @@ def test_blind_containers_are_never_split_and_refused_only_without_a_device(
         admitted = sim.admit(pod(f"p{i}", ctr("c", mem=m, cores=c)))
         assert admitted or not fits, (i, m, c, sim.rejected)
         sim.check_invariants()
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_reconcile_between_the_halves_does_not_split_the_container(seed: int) -> None:
+    """The reconcile loop can run between a container's memory and core calls: it names
+    the first half from PodResources (the blind decision becomes the container's
+    entry), and the second half must still join it rather than start a new blind
+    decision on another device (seen on the local cluster, story 9a)."""
+    sim = ApiDownSim(engine(devices(4, 16)), random.Random(seed), before_call=_reconcile_blind)
+    for i, (m, c) in enumerate(STORY_9A_BURST):
+        assert sim.admit(pod(f"pre-{i}", ctr("main", mem=m, cores=c))), sim.rejected
+    sim.check_invariants()
+    for (_ns, name), cs in sim.held.items():
+        held = cs["main"]
+        if held.get(MEM) and held.get(CORE):
+            e = _holder(sim, held[MEM])
+            assert set(e.core_ids) == set(held[CORE]), (name, e)

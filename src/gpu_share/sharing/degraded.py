@@ -9,7 +9,7 @@ same device; when it does not, the engine refuses it rather than split the conta
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from gpu_share.sharing.ids import parse_unit_ids
 from gpu_share.sharing.ledger import Ledger, LedgerEntry, PodKey
@@ -47,7 +47,11 @@ class BlindPairing:
         # The pods PodResources listed at this call (None: unreachable), and at each
         # open blind decision (pairing never crosses into a newer pod).
         self._call_pods: frozenset[PodKey] | None = None
-        self._blind_pods: dict[ContainerRef, frozenset[PodKey]] = {}
+        self._blind_pods: dict[ContainerRef, frozenset[PodKey] | None] = {}
+        # Blind decisions in the order they were taken, under their current ref: the
+        # reconcile loop may name one from PodResources between a container's two calls.
+        self._order: dict[ContainerRef, int] = {}
+        self._seq = 0
 
     def begin_call(self, pr: PodResourcesView | None) -> None:
         self._call_pods = None if pr is None else frozenset((p.namespace, p.name) for p in pr.pods)
@@ -55,10 +59,12 @@ class BlindPairing:
     def partner(
         self, ledger: Ledger, kind: ResourceKind, must_include: Sequence[str], now: float
     ) -> LedgerEntry | None:
-        """The immediately preceding blind decision of the other kind, if this call may
-        complete it."""
+        """The immediately preceding blind decision of the other kind (degraded still, or
+        named since by the reconcile loop), if this call may complete it."""
         latest = max(
-            (e for e in ledger.entries if e.degraded), key=lambda e: e.updated_at, default=None
+            (e for e in ledger.entries if e.degraded or e.ref in self._order),
+            key=lambda e: (self._order.get(e.ref, -1), e.updated_at),
+            default=None,
         )
         if latest is None:
             return None
@@ -75,11 +81,18 @@ class BlindPairing:
 
     def remember(self, ref: ContainerRef, ledger: Ledger) -> None:
         """A new blind decision ``ref``: note the pods listed now."""
-        self._blind_pods = {
-            r: ps for r, ps in self._blind_pods.items() if ledger.get(r) is not None
-        }
-        if self._call_pods is not None:
-            self._blind_pods[ref] = self._call_pods
+        self._order = {r: n for r, n in self._order.items() if ledger.get(r) is not None}
+        self._blind_pods = {r: ps for r, ps in self._blind_pods.items() if r in self._order}
+        self._seq += 1
+        self._order[ref] = self._seq
+        self._blind_pods[ref] = self._call_pods
+
+    def renamed(self, names: Mapping[ContainerRef, ContainerRef]) -> None:
+        """Blind decisions PodResources has shown to be these containers' entries."""
+        for blind, named in names.items():
+            if blind in self._order:
+                self._order[named] = self._order.pop(blind)
+                self._blind_pods[named] = self._blind_pods.pop(blind, None)
 
     def _same_pod_admission(self, ref: ContainerRef) -> bool:
         """No pod appeared in PodResources since the blind decision ``ref``: the kubelet

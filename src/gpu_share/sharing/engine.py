@@ -257,6 +257,7 @@ class AllocationEngine:
             return ReconcileResult(released=tuple(released))
         self._views.merge(pods)
         found = reconcile.adopt(self.ledger, pr, self._views.views, self.resources, now)
+        self._blind.renamed(found.renamed)
         released += reconcile.expire_degraded(self.ledger, now, self.release_grace_s)
         gone, gone_pods, waiting = reconcile.release_absent(
             self.ledger, found.present, pods, now, self.release_grace_s
@@ -442,15 +443,8 @@ class AllocationEngine:
             return None
         return d.devices_of(container) or None
 
-    def _degraded_entry(
-        self,
-        kind: ResourceKind,
-        size: int,
-        available: Sequence[str],
-        must_include: Sequence[str],
-        now: float,
-        reason: str,
-    ) -> LedgerEntry:
+    def _degraded_entry(self, kind: ResourceKind, size: int, available: Sequence[str],
+                        must_include: Sequence[str], now: float, reason: str) -> LedgerEntry:
         if self.degraded_mode == "refuse":
             raise IdentityError(
                 f"cannot tell which container asks for {size} {kind.value} units: {reason}"

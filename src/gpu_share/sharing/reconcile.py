@@ -43,6 +43,8 @@ class Adoption:
     attributed: list[ContainerRef] = field(default_factory=list)
     corrected: list[ContainerRef] = field(default_factory=list)
     present: set[PodKey] = field(default_factory=set)  # pods PodResources lists
+    # blind (synthetic) ref -> the container it turned out to be
+    renamed: dict[ContainerRef, ContainerRef] = field(default_factory=dict)
 
 
 def expire_offers(
@@ -118,6 +120,7 @@ def _adopt_container(
         # Its ids are this container's: the blind decision is now named.
         ledger.remove(deg.ref)
         out.attributed.append(ref)
+        out.renamed[deg.ref] = ref
     if entry is None:
         if deg is None:
             out.adopted.append(ref)
