@@ -59,6 +59,8 @@ CHART_RULES: dict[str, dict[str, Any]] = {
     "runtime.hamiCore.libraryPath": _ABS_PATH,
     "runtime.hamiCore.preloadPath": _ABS_PATH,
     "runtime.hamiCore.cacheDir": _ABS_PATH,
+    "runtime.nvidiaMemoryLimits.hookPath": _ABS_PATH,
+    "runtime.nvidiaMemoryLimits.driverRoot": _ABS_PATH,
     "dummy.model": {"minLength": 1},
     "dummy.hostDevicePath": _ABS_PATH,
     # Empty: the chart puts it in hostPaths.stateDir (the only host dir mounted for it).

@@ -210,7 +210,7 @@ agent's ServiceAccount, the extender's (when the scheduler is enabled), and the 
 {{/* What the pools' configs name, as JSON: annotation prefixes ("gpu-share.<domain>/"),
 the keys under them that pod authors write (tenantKeys: the GPU models a pod accepts,
 sharing/model_req.py models_key), memory and core resource names, and whether any pool
-enforces limits (mps, hami-core). */}}
+enforces limits (mps, hami-core, nvidia-memory-limits). */}}
 {{- define "gpu-share.poolResources" -}}
 {{- $root := . -}}
 {{- $prefixes := list -}}
@@ -225,7 +225,7 @@ enforces limits (mps, hami-core). */}}
 {{- $tenantKeys = append $tenantKeys (printf "gpu-share.%s/models" $r.domain) -}}
 {{- $mem = append $mem (printf "%s/%s" $r.domain $r.memoryName) -}}
 {{- $core = append $core (printf "%s/%s" $r.domain $r.coreName) -}}
-{{- if has $cfg.runtime.enforcement (list "mps" "hami-core") -}}
+{{- if has $cfg.runtime.enforcement (list "mps" "hami-core" "nvidia-memory-limits") -}}
 {{- $enforcing = true -}}
 {{- end -}}
 {{- end -}}
@@ -286,6 +286,10 @@ pool(s). Included once, from daemonset.yaml. */}}
 {{- $cfg := include "gpu-share.poolConfig" (dict "root" $root "pool" $pool) | fromJson -}}
 {{- if not (hasPrefix (printf "%s/" $root.Values.hostPaths.stateDir) $cfg.dummy.faultFile) -}}
 {{- fail (printf "nodePools %q: agentConfig.dummy.faultFile %q must lie inside hostPaths.stateDir %q (the only host dir mounted for it)" $pool.name $cfg.dummy.faultFile $root.Values.hostPaths.stateDir) -}}
+{{- end -}}
+{{- $strategies := $cfg.runtime.deviceListStrategy | default list -}}
+{{- if and (eq $cfg.runtime.enforcement "nvidia-memory-limits") (not $cfg.dra.enabled) (not (or (has "cdi-cri" $strategies) (has "cdi-annotations" $strategies))) -}}
+{{- fail (printf "nodePools %q: agentConfig.runtime.enforcement nvidia-memory-limits needs cdi-annotations or cdi-cri in agentConfig.runtime.deviceListStrategy (the toolkit's hook reaches a container only as a CDI device)" $pool.name) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}

@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from gpu_share.agent.files import write_atomic
-from gpu_share.config.model import AgentConfig
+from gpu_share.config.model import AgentConfig, EnforcementMode
 from gpu_share.devices.base import Device, RuntimeNaming
 from gpu_share.sharing.cdi import (
     DYNAMIC_SPEC_DIR,
@@ -25,6 +25,7 @@ from gpu_share.sharing.cdi import (
     CdiPlan,
     ForeignSpec,
     foreign_spec,
+    memory_limits_spec,
     plan_spec,
     spec_file_name,
     uses_cdi,
@@ -114,18 +115,31 @@ class CdiSpecWriter:
         self.scan_dirs = tuple(scan_dirs)
         self.claim_prefix = claim_spec_prefix(cfg.dra.driver_name)
         self.plan: CdiPlan | None = None
+        # nvidia-memory-limits: the toolkit's hook as hook-only devices of their own kind
+        # (a DRA claim's spec carries the hook itself).
+        nml = cfg.runtime.nvidia_memory_limits
+        self.hook_spec = (
+            memory_limits_spec(nml.cdi_kind, self.devices, nml.hook_path, nml.driver_root)
+            if cfg.runtime.enforcement is EnforcementMode.NVIDIA_MEMORY_LIMITS
+            and not cfg.dra.enabled else None
+        )
+        self.hook_path = Path(spec_dir) / spec_file_name(nml.cdi_kind)
 
     def write(self) -> Path | None:
         """Writes (atomically, 0644) or refreshes our spec; returns its path, or None when
         CDI is off or every device is defined by another spec (then no file of ours)."""
         if not self.enabled:
             return None
+        if self.hook_spec is not None:
+            data = (json.dumps(self.hook_spec, indent=2, sort_keys=True) + "\n").encode()
+            write_atomic(self.hook_path, data, SPEC_MODE)
+            log.info("CDI: wrote %s (the memory-limits hook per GPU)", self.hook_path)
         foreign = read_foreign_specs(self.scan_dirs, self.kind, self.path, self.claim_prefix)
         plan = plan_spec(self.kind, self.devices, self.naming, foreign)
         self.plan = plan
         self._report(plan)
         if plan.spec is None:
-            self.remove()
+            self.path.unlink(missing_ok=True)
             return None
         data = (json.dumps(plan.spec, indent=2, sort_keys=True) + "\n").encode()
         write_atomic(self.path, data, SPEC_MODE)
@@ -141,6 +155,8 @@ class CdiSpecWriter:
         """Removes our spec file; True if there was one. Never touches other files."""
         if not self.enabled:
             return False
+        if self.hook_spec is not None:
+            self.hook_path.unlink(missing_ok=True)
         try:
             self.path.unlink()
         except FileNotFoundError:

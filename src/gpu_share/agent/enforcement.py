@@ -8,11 +8,15 @@ back as if cordoned; running slices stay), says why (node Event, annotation, met
   library by the chart's installer), and the preload file names it (else every
   container's ``/etc/ld.so.preload`` would load nothing); the cache root is a directory.
 * ``mps``: the control daemon answers on ``<pipeDir>/control``.
+* ``nvidia-memory-limits``: the toolkit's hook is an executable at ``hookPath``,
+  ``/sys/fs/cgroup`` is cgroup v2 (the hook refuses v1), and the driver's NVML exports
+  ``nvmlDeviceSetMemoryLimits_v1`` (driver branch R615 and later).
 * ``none``: nothing to check.
 """
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import re
@@ -142,10 +146,58 @@ def check_mps(runtime: RuntimeConfig) -> list[str]:
     return []
 
 
+CGROUP_ROOT = "/sys/fs/cgroup"
+MOUNTINFO = "/proc/self/mountinfo"
+NVML_LIBRARY = "libnvidia-ml.so.1"
+NVML_SET_LIMITS = "nvmlDeviceSetMemoryLimits_v1"
+
+
+def cgroup_fs_type(root: str = CGROUP_ROOT, mountinfo: str = MOUNTINFO) -> str | None:
+    """The file system type mounted at ``root`` (the last mount there wins); None: none."""
+    found = None
+    with open(mountinfo, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            fields = left.split()
+            if len(fields) > 4 and fields[4] == root and right:
+                found = right.split()[0]
+    return found
+
+
+def _nvml_exports(symbol: str) -> str | None:
+    """None when the driver's NVML has ``symbol``, else why not."""
+    try:
+        lib = ctypes.CDLL(NVML_LIBRARY)
+    except OSError as exc:
+        return f"{NVML_LIBRARY} not loadable ({str(exc)[:120]})"
+    return None if hasattr(lib, symbol) else (
+        f"the driver's NVML has no {symbol} (driver-enforced memory limits need R615 or later)"
+    )
+
+
+def check_nvidia_memory_limits(runtime: RuntimeConfig) -> list[str]:
+    hook = runtime.nvidia_memory_limits.hook_path
+    problems = []
+    if not os.path.isfile(hook) or not os.access(hook, os.X_OK):
+        problems.append(f"the NVIDIA container toolkit's hook {hook} is missing or not executable")
+    try:
+        fs = cgroup_fs_type()
+    except OSError as exc:
+        fs, problems = None, [*problems, f"{MOUNTINFO} unreadable ({exc.strerror})"]
+    if fs != "cgroup2":
+        problems.append(f"{CGROUP_ROOT} is {fs or 'not mounted'}, not cgroup v2 (the hook "
+                        "sets limits only on cgroup v2)")
+    nvml = _nvml_exports(NVML_SET_LIMITS)
+    if nvml:
+        problems.append(nvml)
+    return problems
+
+
 CHECKS: Mapping[EnforcementMode, Callable[[RuntimeConfig], list[str]]] = {
     EnforcementMode.NONE: lambda runtime: [],
     EnforcementMode.MPS: check_mps,
     EnforcementMode.HAMI_CORE: check_hami_core,
+    EnforcementMode.NVIDIA_MEMORY_LIMITS: check_nvidia_memory_limits,
 }
 
 

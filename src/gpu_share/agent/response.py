@@ -15,7 +15,10 @@ mode        memory + cores                      memory only                  cor
 none        informational env only              informational env only       informational env
 mps         memory limit + active thread %      memory limit, no SM cap      MemoryRequired
 hami-core   memory limit + SM limit             memory limit, no SM cap      MemoryRequired
+nvidia-*    memory limit (driver), no SM cap    memory limit (driver)        MemoryRequired
 ==========  ==================================  ===========================  ===============
+
+(``nvidia-*``: ``nvidia-memory-limits``.)
 
 The arithmetic (limits, the MemoryRequired rule, host dir names) is pure and lives in
 ``sharing/limits.py``.
@@ -30,10 +33,11 @@ from dataclasses import dataclass, field
 from gpu_share.config.model import DeviceListStrategy, EnforcementMode, RuntimeConfig
 from gpu_share.devices.base import Device, RuntimeNaming
 from gpu_share.errors import AllocationError, AllocationReason
+from gpu_share.sharing.cdi import memory_limits_hook
 from gpu_share.sharing.inventory import Inventory
 from gpu_share.sharing.ledger import LedgerEntry
 from gpu_share.sharing.limits import check_enforceable, core_percent, host_dir_key, memory_mib
-from gpu_share.sharing.model import AllocateSpec, DeviceNodeSpec, DeviceShare, Mount
+from gpu_share.sharing.model import AllocateSpec, DeviceNodeSpec, DeviceShare, Hook, Mount
 
 ENV_MEMORY_LIMIT = "GPU_SHARE_MEMORY_LIMIT_MIB"
 ENV_CORE_PERCENT = "GPU_SHARE_CORE_PERCENT"
@@ -42,6 +46,9 @@ CDI_ANNOTATION_KEY = "cdi.k8s.io/gpu-share_slice"
 HAMI_CACHE_IN_CONTAINER = "/tmp/vgpu"
 HAMI_LOCK_DIR = "/tmp/vgpulock"
 HAMI_PRELOAD_IN_CONTAINER = "/etc/ld.so.preload"
+# What the toolkit's apply-cuda-memory-limits hook reads (MiB, singular names).
+ENV_NVIDIA_MEMORY_REQUEST = "NVIDIA_GPU_MEMORY_REQUEST"
+ENV_NVIDIA_MEMORY_LIMIT = "NVIDIA_GPU_MEMORY_LIMIT"
 
 DeviceLookup = Callable[[str], Device | None]
 
@@ -55,6 +62,7 @@ class _Out:
     nodes: list[DeviceNodeSpec] = field(default_factory=list)
     annotations: dict[str, str] = field(default_factory=dict)
     cdi: list[str] = field(default_factory=list)
+    hooks: list[Hook] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -144,10 +152,29 @@ def _hami_core(out: _Out, runtime: RuntimeConfig, s: _Slice) -> None:
         out.envs["CUDA_DEVICE_SM_LIMIT"] = str(s.cores)
 
 
+def _nvidia_memory_limits(out: _Out, runtime: RuntimeConfig, s: _Slice) -> None:
+    """The limit env the toolkit's hook reads and, per GPU, the hook: as a CDI device of
+    our hook kind (device plugin) and inline (a DRA claim's spec). Several devices are
+    whole ones (exclusive): nothing to limit, and one env could not say two sizes."""
+    if s.mem is None or len(s.uuids) != 1:
+        return
+    nml = runtime.nvidia_memory_limits
+    # Request = limit: the slice is guaranteed whole (no burst above what was placed).
+    out.envs[ENV_NVIDIA_MEMORY_REQUEST] = out.envs[ENV_NVIDIA_MEMORY_LIMIT] = str(s.mem[0])
+    names = [f"{nml.cdi_kind}={u}" for u in s.uuids]
+    if DeviceListStrategy.CDI_CRI in runtime.device_list_strategy:
+        out.cdi.extend(names)
+    if DeviceListStrategy.CDI_ANNOTATIONS in runtime.device_list_strategy:
+        listed = out.annotations.get(CDI_ANNOTATION_KEY)
+        out.annotations[CDI_ANNOTATION_KEY] = ",".join([listed, *names] if listed else names)
+    out.hooks.extend(memory_limits_hook(nml.hook_path, nml.driver_root, u) for u in s.uuids)
+
+
 ENFORCEMENT: Mapping[EnforcementMode, Callable[[_Out, RuntimeConfig, _Slice], None]] = {
     EnforcementMode.NONE: _none,
     EnforcementMode.MPS: _mps,
     EnforcementMode.HAMI_CORE: _hami_core,
+    EnforcementMode.NVIDIA_MEMORY_LIMITS: _nvidia_memory_limits,
 }
 
 
@@ -246,6 +273,7 @@ def build(
         devices=tuple(out.nodes),
         annotations=dict(sorted(out.annotations.items())),
         cdi_devices=tuple(out.cdi),
+        hooks=tuple(out.hooks),
     )
 
 

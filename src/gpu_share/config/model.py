@@ -100,6 +100,9 @@ class EnforcementMode(StrEnum):
     NONE = "none"  # time-slicing; limits are informational env only
     MPS = "mps"  # NVIDIA MPS: active thread % and pinned memory limit
     HAMI_CORE = "hami-core"  # HAMi-core libvgpu.so preloaded into the container
+    # The driver's per-cgroup memory limit, applied by the NVIDIA container toolkit's
+    # CDI hook (nvidia-cdi-hook apply-cuda-memory-limits); memory only.
+    NVIDIA_MEMORY_LIMITS = "nvidia-memory-limits"
 
 
 class DeviceListStrategy(StrEnum):
@@ -212,6 +215,19 @@ class HamiCoreConfig(_Strict):
     cache_dir: str = "/tmp/vgpu"
 
 
+class NvidiaMemoryLimitsConfig(_Strict):
+    """The NVIDIA container toolkit's hook (runtime.enforcement: nvidia-memory-limits)."""
+
+    # The hook binary on the host (toolkit 1.20.1 or later), as the runtime runs it.
+    hook_path: str = Field(default="/usr/bin/nvidia-cdi-hook", pattern=r"^/[^\x00]*$",
+                           max_length=4096)
+    # Where the hook looks for libnvidia-ml.so.1 ("/": the host's library dirs).
+    driver_root: str = Field(default="/", pattern=r"^/[^\x00]*$", max_length=4096)
+    # The CDI kind of the hook-only devices our spec defines, one per GPU by UUID.
+    cdi_kind: str = Field(default="vendor.com/gpu-memory-limits",
+                          pattern=r"^[a-z0-9.-]+/[a-zA-Z0-9._-]+$")
+
+
 class RuntimeConfig(_Strict):
     """How devices and slice limits reach the container runtime."""
 
@@ -225,6 +241,9 @@ class RuntimeConfig(_Strict):
     cdi_kind: str = Field(default="nvidia.com/gpu", pattern=r"^[a-z0-9.-]+/[a-zA-Z0-9._-]+$")
     mps: MpsConfig = Field(default_factory=MpsConfig)
     hami_core: HamiCoreConfig = Field(default_factory=HamiCoreConfig)
+    nvidia_memory_limits: NvidiaMemoryLimitsConfig = Field(
+        default_factory=NvidiaMemoryLimitsConfig
+    )
 
     @field_validator("device_list_strategy")
     @classmethod
@@ -404,3 +423,18 @@ class AgentConfig(_Strict):
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     publish: PublishConfig = Field(default_factory=PublishConfig)
     dra: DraConfig = Field(default_factory=DraConfig)
+
+    @model_validator(mode="after")
+    def _hook_needs_cdi(self) -> AgentConfig:
+        # The toolkit's hook reaches a device-plugin container only as a CDI device:
+        # without one the limit env would be handed out and nothing would apply it.
+        rt = self.runtime
+        cdi = {DeviceListStrategy.CDI_ANNOTATIONS, DeviceListStrategy.CDI_CRI}
+        if (rt.enforcement is EnforcementMode.NVIDIA_MEMORY_LIMITS and not self.dra.enabled
+                and not cdi.intersection(rt.device_list_strategy)):
+            raise ValueError(
+                "runtime.enforcement nvidia-memory-limits needs a CDI device list strategy "
+                "(cdi-annotations or cdi-cri) in runtime.deviceListStrategy: the toolkit's "
+                "hook reaches the container only as a CDI device"
+            )
+        return self

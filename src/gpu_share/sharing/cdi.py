@@ -20,6 +20,7 @@ from typing import Any
 
 from gpu_share.config.model import DeviceListStrategy, RuntimeConfig
 from gpu_share.devices.base import Device, DeviceNode, RuntimeNaming
+from gpu_share.sharing.model import Hook
 
 # The runtime reads /etc/cdi (static, e.g. nvidia-ctk output) and /var/run/cdi (transient,
 # ours); a device defined in both is taken from /var/run/cdi.
@@ -29,6 +30,9 @@ CDI_STRATEGIES = frozenset({DeviceListStrategy.CDI_ANNOTATIONS, DeviceListStrate
 # Per device: which device CDI injected (one variable per device, so several merge).
 ENV_CDI_DEVICE_PREFIX = "GPU_SHARE_CDI_DEVICE_"
 MAX_SPEC_DEVICES = 1024
+# The NVIDIA container toolkit's hook that sets the driver's per-cgroup memory limit from
+# the container's NVIDIA_GPU_MEMORY_REQUEST / NVIDIA_GPU_MEMORY_LIMIT (MiB).
+MEMORY_LIMITS_HOOK = "apply-cuda-memory-limits"
 # CDI device names: alphanumeric at both ends, '-', '_', '.' between (SPEC.md).
 _DEVICE_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,252}[A-Za-z0-9])?")
 
@@ -156,3 +160,31 @@ def plan_spec(
     return CdiPlan(
         spec=spec, referenced=tuple(referenced), shadowed=tuple(shadowed), invalid=tuple(invalid)
     )
+
+
+def memory_limits_hook(hook_path: str, driver_root: str, uuid: str) -> Hook:
+    """The toolkit's hook for one GPU, as its own generated specs call it."""
+    return Hook(hook_path, ("nvidia-cdi-hook", MEMORY_LIMITS_HOOK, "--driver-root", driver_root,
+                            "--gpu-id", uuid))
+
+
+def hook_doc(h: Hook) -> dict[str, Any]:
+    return {"hookName": h.hook_name, "path": h.path, "args": list(h.args)}
+
+
+def memory_limits_spec(
+    kind: str, devices: Iterable[Device], hook_path: str, driver_root: str
+) -> dict[str, Any] | None:
+    """The hook-only devices of ``kind`` (one per GPU, named by UUID, no device node): a
+    device-plugin container is handed ``<kind>=<uuid>`` beside its GPU, whoever's spec
+    defines the GPU itself. None when no device has a valid name."""
+    entries = [
+        {"name": d.uuid,
+         "containerEdits": {"hooks": [hook_doc(memory_limits_hook(hook_path, driver_root,
+                                                                   d.uuid))]}}
+        for d in sorted(devices, key=lambda x: (x.index, x.uuid))[:MAX_SPEC_DEVICES]
+        if _DEVICE_NAME.fullmatch(d.uuid)
+    ]
+    if not entries:
+        return None
+    return {"cdiVersion": cdi_version(kind), "kind": kind, "devices": entries}

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpu_share.devices.base import Device
-from gpu_share.sharing.cdi import ENV_CDI_DEVICE_PREFIX, cdi_version
+from gpu_share.sharing.cdi import ENV_CDI_DEVICE_PREFIX, cdi_version, hook_doc
 from gpu_share.sharing.dra_claims import ParsedClaim
 from gpu_share.sharing.model import AllocateSpec
 
@@ -45,6 +45,8 @@ def container_edits(spec: AllocateSpec) -> dict[str, Any]:
             {"path": d.container_path, "hostPath": d.host_path, "permissions": d.permissions}
             for d in spec.devices
         ]
+    if spec.hooks:
+        edits["hooks"] = [hook_doc(h) for h in spec.hooks]
     if spec.mounts:
         edits["mounts"] = [
             {

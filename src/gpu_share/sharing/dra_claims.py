@@ -430,7 +430,9 @@ def parse_claim(
 
 # Strength of each mode against a tenant (docs/enforcement.md): a tenant's config may
 # raise the mode in force, never lower it.
-STRENGTH = {EnforcementMode.NONE: 0, EnforcementMode.HAMI_CORE: 1, EnforcementMode.MPS: 2}
+# The driver's own limit is out of the tenant's process and talks to no daemon of its.
+STRENGTH = {EnforcementMode.NONE: 0, EnforcementMode.HAMI_CORE: 1, EnforcementMode.MPS: 2,
+            EnforcementMode.NVIDIA_MEMORY_LIMITS: 3}
 
 
 def enforcement_for(claim: ParsedClaim, pool: EnforcementMode) -> EnforcementMode:

@@ -23,7 +23,9 @@ from gpu_share.sharing.model import DeviceShare
 # AllocationError reason: a container with cores but no memory units under an enforcing
 # mode, where it would get unlimited device memory (over-committing others' units).
 MEMORY_REQUIRED = AllocationReason.MEMORY_REQUIRED
-ENFORCING_MODES = frozenset({EnforcementMode.MPS, EnforcementMode.HAMI_CORE})
+ENFORCING_MODES = frozenset(
+    {EnforcementMode.MPS, EnforcementMode.HAMI_CORE, EnforcementMode.NVIDIA_MEMORY_LIMITS}
+)
 
 # One path component: what the API server allows in UIDs and container names, bounded.
 _KEY_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")

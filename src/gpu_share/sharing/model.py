@@ -204,14 +204,27 @@ class DeviceNodeSpec:
 
 
 @dataclass(frozen=True)
+class Hook:
+    """An OCI hook a CDI spec asks the runtime to run (``createRuntime``: in the runtime
+    namespace, the container's cgroup made, its process not started)."""
+
+    path: str
+    args: tuple[str, ...]
+    hook_name: str = "createRuntime"
+
+
+@dataclass(frozen=True)
 class AllocateSpec:
-    """Everything one ContainerAllocateResponse carries, independent of gRPC."""
+    """Everything one ContainerAllocateResponse carries, independent of gRPC. ``hooks``
+    reach a container only through CDI: a device-plugin response names CDI devices that
+    carry them (``cdi_devices``), a DRA claim's spec lists them itself."""
 
     envs: Mapping[str, str] = field(default_factory=dict)
     mounts: tuple[Mount, ...] = ()
     devices: tuple[DeviceNodeSpec, ...] = ()
     annotations: Mapping[str, str] = field(default_factory=dict)
     cdi_devices: tuple[str, ...] = ()  # fully qualified CDI names, "<kind>=<name>"
+    hooks: tuple[Hook, ...] = ()
 
 
 @dataclass(frozen=True)
