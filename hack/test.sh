@@ -34,6 +34,11 @@ fi
 # After the cluster build, whose package check installs gcc where it is missing.
 echo "== HAMi-core (pinned source) and the stand-in driver (cached)"
 bash hack/build-enforcement.sh
+# cgo (gcc, as above): NVIDIA's createRuntime hook that the driver-enforced memory limit
+# tests run against the stand-in driver.
+echo "== nvidia-cdi-hook (NVIDIA container toolkit; cached)"
+bash hack/build-cdi-hook.sh \
+  || echo "nvidia-cdi-hook not built: its enforcement tests skip (fail where GPU_SHARE_REQUIRE_CLUSTER=1)"
 
 echo "== tests"
 python -m pytest "$@"

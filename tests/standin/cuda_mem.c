@@ -163,11 +163,10 @@ CUresult CUDAAPI cuMemGetInfo_v2(size_t *pfree, size_t *total)
         return rc;
     if (!pfree || !total)
         return CUDA_ERROR_INVALID_VALUE;
-    const si_device *d = sc_device(c->dev);
-    uint64_t used = 0;
-    si_query(d, 0, 0, NULL, 0, &used, NULL);
-    *total = d->mem_bytes;
-    *pfree = used < d->mem_bytes ? d->mem_bytes - used : 0;
+    uint64_t t, used, free_bytes;
+    si_mem_view(sc_device(c->dev), &t, &used, &free_bytes);  /* a cgroup's limit, if any */
+    *total = t;
+    *pfree = free_bytes;
     return CUDA_SUCCESS;
 }
 

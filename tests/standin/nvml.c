@@ -13,6 +13,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
+#include <unistd.h>
 
 #define SN_DRIVER "615.00-standin"
 #define SN_NVML "12.615.00-standin"
@@ -115,6 +118,7 @@ const char *nvmlErrorString(nvmlReturn_t result)
     case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
     case NVML_ERROR_FUNCTION_NOT_FOUND: return "Function Not Found";
     case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "Argument Version Mismatch";
+    case NVML_ERROR_OPERATING_SYSTEM: return "Operating System Error";
     default: return "Unknown Error";
     }
 }
@@ -321,18 +325,20 @@ nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t device, nvmlPciInfo_t *pci)
 
 /* ---- memory, processes, utilisation ----------------------------------------------- */
 
+/* In a cgroup with a hard limit on the device: total is the limit, used what the
+ * cgroup's processes use (see si_mem_view). */
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
 {
     DEV_OR_RETURN(device, d);
-    uint64_t used = 0;
+    uint64_t total, used, free_bytes;
     if (!memory)
         return NVML_ERROR_INVALID_ARGUMENT;
-    si_query(d, 0, 0, NULL, 0, &used, NULL);
-    if (used > d->mem_bytes)
-        used = d->mem_bytes;
-    memory->total = d->mem_bytes;
+    si_mem_view(d, &total, &used, &free_bytes);
+    if (used > total)
+        used = total;
+    memory->total = total;
     memory->used = used;
-    memory->free = d->mem_bytes - used;
+    memory->free = free_bytes;
     return NVML_SUCCESS;
 }
 
@@ -473,4 +479,103 @@ nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_
     utilization->gpu = util;
     utilization->memory = 0;
     return NVML_SUCCESS;
+}
+
+/* ---- per-cgroup memory limits ----------------------------------------------------- */
+
+/* CUDA 12.9's nvml.h does not declare these yet; the structs are laid out as NVIDIA's
+ * newer header documents them (what go-nvml passes). */
+#ifdef NVML_DEVICE_MEMORY_LIMIT_MAX
+typedef nvmlSetMemoryLimits_v1_t sn_set_limits_v1;
+typedef nvmlGetMemoryLimits_v1_t sn_get_limits_v1;
+#else
+#define NVML_DEVICE_MEMORY_LIMIT_MAX 0xFFFFFFFFFFFFFFFFULL
+typedef struct {
+    const char *nameSpace;        /* in: the cgroup's full path under /sys/fs/cgroup */
+    unsigned long long softLimit; /* in: bytes */
+    unsigned long long hardLimit; /* in: bytes, NVML_DEVICE_MEMORY_LIMIT_MAX: none */
+} sn_set_limits_v1;
+typedef struct {
+    const char *nameSpace;          /* in */
+    unsigned long long softLimit;   /* out */
+    unsigned long long hardLimit;   /* out */
+    unsigned long long currentUsed; /* out: what the cgroup's processes use on the device */
+} sn_get_limits_v1;
+nvmlReturn_t nvmlDeviceSetMemoryLimits_v1(nvmlDevice_t device, sn_set_limits_v1 *limits);
+nvmlReturn_t nvmlDeviceGetMemoryLimits_v1(nvmlDevice_t device, sn_get_limits_v1 *limits);
+#endif
+
+#define SN_CGROUP2_MAGIC 0x63677270 /* statfs f_type of a cgroup v2 file system */
+
+/* The cgroup a nameSpace names, cleaned into cg: INVALID_ARGUMENT when it is missing,
+ * not absolute or too long; OPERATING_SYSTEM when it is not a cgroup v2 directory (the
+ * driver cannot open it as a cgroup). */
+static nvmlReturn_t limits_cgroup(const char *ns, char cg[SI_CGROUP_LEN])
+{
+    struct stat sb;
+    struct statfs fs;
+    if (!ns || si_clean_path(ns, cg, SI_CGROUP_LEN) != 0)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (stat(cg, &sb) != 0 || !S_ISDIR(sb.st_mode) || statfs(cg, &fs) != 0 ||
+        (unsigned long)fs.f_type != SN_CGROUP2_MAGIC)
+        return NVML_ERROR_OPERATING_SYSTEM;
+    return NVML_SUCCESS;
+}
+
+/* Limits are bytes; soft above hard, or a limit above the device's memory (hard
+ * NVML_DEVICE_MEMORY_LIMIT_MAX meaning none), is invalid; soft 0 with hard MAX clears. A
+ * process whose cgroup has a hard limit is refused device memory past it (all the
+ * cgroup's processes together), and sees the limit as its total. Root only. */
+nvmlReturn_t nvmlDeviceSetMemoryLimits_v1(nvmlDevice_t device, sn_set_limits_v1 *limits)
+{
+    DEV_OR_RETURN(device, d);
+    char cg[SI_CGROUP_LEN];
+    if (!limits)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!si_limits_supported())
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (geteuid() != 0)
+        return NVML_ERROR_NO_PERMISSION;
+    unsigned long long soft = limits->softLimit, hard = limits->hardLimit;
+    int clear = soft == 0 && hard == NVML_DEVICE_MEMORY_LIMIT_MAX;
+    if (!clear && (soft > hard || soft > d->mem_bytes ||
+                   (hard != NVML_DEVICE_MEMORY_LIMIT_MAX && hard > d->mem_bytes)))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t rc = limits_cgroup(limits->nameSpace, cg);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    switch (si_limit_set(d, cg, soft, hard)) {
+    case 0:
+        return NVML_SUCCESS;
+    case -1:
+        si_log("no room for the limits of %s on %s", cg, d->uuid);
+        return NVML_ERROR_UNKNOWN;
+    default:
+        return NVML_ERROR_UNKNOWN;
+    }
+}
+
+nvmlReturn_t nvmlDeviceGetMemoryLimits_v1(nvmlDevice_t device, sn_get_limits_v1 *limits)
+{
+    DEV_OR_RETURN(device, d);
+    char cg[SI_CGROUP_LEN];
+    uint64_t soft, hard, used;
+    if (!limits)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!si_limits_supported())
+        return NVML_ERROR_NOT_SUPPORTED;
+    nvmlReturn_t rc = limits_cgroup(limits->nameSpace, cg);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    switch (si_limit_get(d, cg, &soft, &hard, &used)) {
+    case 0:
+        limits->softLimit = soft;
+        limits->hardLimit = hard;
+        limits->currentUsed = used;
+        return NVML_SUCCESS;
+    case 1:
+        return NVML_ERROR_NOT_FOUND;
+    default:
+        return NVML_ERROR_UNKNOWN;
+    }
 }

@@ -1,5 +1,6 @@
 /* Stand-in driver: the cross-process state, one file per device in
- * GPU_SHARE_STANDIN_STATE_DIR, each guarded by flock (see standin.h). */
+ * GPU_SHARE_STANDIN_STATE_DIR, each guarded by flock (see standin.h): the processes using
+ * the device, its kernel queue, and the per-cgroup memory limits set through NVML. */
 #define _GNU_SOURCE
 #include "standin.h"
 
@@ -13,11 +14,13 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #define SI_MAGIC 0x53494753u
-#define SI_VERSION 1u
+#define SI_VERSION 2u  /* 2: cgroup per record, limits table */
 #define SI_MAX_RECS 128
+#define SI_MAX_LIMITS 64
 #define SI_NBUCKET 512          /* busy time in 10 ms buckets: 5.12 s of history */
 #define SI_BUCKET_US 10000ULL
 #define SI_SECOND_US 1000000ULL
@@ -36,12 +39,20 @@ typedef struct {
     uint32_t pad;
     uint64_t last_bucket;  /* newest bucket written */
     uint32_t busy[SI_NBUCKET];
+    char cgroup[SI_CGROUP_LEN]; /* its cgroup's path ("" outside cgroup v2), see limits */
 } si_rec;
+
+/* Memory limits of one cgroup on the device; cgroup "" marks a free slot. */
+typedef struct {
+    char cgroup[SI_CGROUP_LEN];
+    uint64_t soft, hard;   /* bytes; hard SI_NO_LIMIT: none */
+} si_limit;
 
 typedef struct {
     uint32_t magic, version;
     uint64_t busy_until;   /* end of the device's kernel queue, µs */
     si_rec recs[SI_MAX_RECS];
+    si_limit limits[SI_MAX_LIMITS];
 } si_file;
 
 typedef struct {
@@ -51,7 +62,12 @@ typedef struct {
 } si_open;
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct { pid_t pid; uint32_t id; uint64_t start, pidns; } g_self;
+static struct {
+    pid_t pid;
+    uint32_t id;
+    uint64_t start, pidns;
+    char cgroup[SI_CGROUP_LEN]; /* read once per process, like its id */
+} g_self;
 static si_open g_open[SI_MAX_DEV];
 static uint32_t g_mine;  /* cfg_index bits of devices holding our record */
 static pid_t g_hb_pid;   /* process whose heartbeat thread runs */
@@ -85,6 +101,64 @@ static int read_stat(pid_t pid, char *state, uint64_t *start)
     return 0;
 }
 
+int si_clean_path(const char *in, char *out, size_t n)
+{
+    size_t len = 1;
+    if (!in || in[0] != '/' || n < 2)
+        return -1;
+    out[0] = '/';
+    for (const char *p = in; *p;) {
+        while (*p == '/')
+            p++;
+        const char *e = p;
+        while (*e && *e != '/')
+            e++;
+        size_t k = (size_t)(e - p);
+        if (k == 2 && p[0] == '.' && p[1] == '.') {
+            while (len > 1 && out[len - 1] != '/')
+                len--;
+            if (len > 1)
+                len--;  /* the separator before the dropped element */
+        } else if (k > 0 && !(k == 1 && p[0] == '.')) {
+            if (len + (len > 1) + k >= n)
+                return -1;
+            if (len > 1)
+                out[len++] = '/';
+            memcpy(out + len, p, k);
+            len += k;
+        }
+        p = e;
+    }
+    out[len] = '\0';
+    return 0;
+}
+
+/* This process's cgroup as NVIDIA's hook names it: "/sys/fs/cgroup" joined with the
+ * "0::" line of /proc/self/cgroup; "" without one (no cgroup v2 hierarchy) or when the
+ * path is longer than a limit can name (so no limit can be set on it either). */
+static void read_cgroup(char *out, size_t n)
+{
+    static const char root[] = "/sys/fs/cgroup/";
+    char line[sizeof root + 4096];
+    out[0] = '\0';
+    FILE *f = fopen("/proc/self/cgroup", "re");
+    if (!f)
+        return;
+    memcpy(line, root, sizeof root);
+    char *rest = line + sizeof root - 1;
+    while (fgets(rest, (int)(sizeof line - (sizeof root - 1)), f)) {
+        if (strncmp(rest, "0::", 3) != 0)
+            continue;
+        size_t k = strcspn(rest + 3, "\n");
+        memmove(rest, rest + 3, k);
+        rest[k] = '\0';
+        if (si_clean_path(line, out, n) != 0)
+            out[0] = '\0';
+        break;
+    }
+    fclose(f);
+}
+
 static void atfork_prepare(void) { pthread_mutex_lock(&g_mu); }
 static void atfork_parent(void) { pthread_mutex_unlock(&g_mu); }
 static void atfork_child(void)
@@ -116,6 +190,7 @@ static void refresh_self(void)
     g_self.id = (uint32_t)(h & 0x7fffffffu);
     if (g_self.id == 0)
         g_self.id = 1;
+    read_cgroup(g_self.cgroup, sizeof g_self.cgroup);
 }
 
 /* ---- state files ------------------------------------------------------------------ */
@@ -256,6 +331,51 @@ static uint64_t used_total(const si_file *f)
     return sum;
 }
 
+/* ---- per-cgroup memory limits ----------------------------------------------------- */
+
+int si_limits_supported(void)
+{
+    const char *v = getenv("GPU_SHARE_STANDIN_MEMORY_LIMITS");
+    return !(v && strcmp(v, "0") == 0);
+}
+
+static si_limit *find_limit(si_file *f, const char *cgroup)
+{
+    if (!cgroup[0])
+        return NULL;
+    for (int i = 0; i < SI_MAX_LIMITS; i++)
+        if (strcmp(f->limits[i].cgroup, cgroup) == 0)
+            return &f->limits[i];
+    return NULL;
+}
+
+static uint64_t used_cgroup(const si_file *f, const char *cgroup)
+{
+    uint64_t sum = 0;
+    for (int i = 0; i < SI_MAX_RECS; i++)
+        if (f->recs[i].id && strcmp(f->recs[i].cgroup, cgroup) == 0)
+            sum += rec_used(&f->recs[i]);
+    return sum;
+}
+
+/* The hard limit on this process's cgroup, or SI_NO_LIMIT. A driver without the feature
+ * (GPU_SHARE_STANDIN_MEMORY_LIMITS=0) enforces none. */
+static uint64_t own_hard_limit(si_file *f)
+{
+    const si_limit *l = si_limits_supported() ? find_limit(f, g_self.cgroup) : NULL;
+    return l ? l->hard : SI_NO_LIMIT;
+}
+
+/* Whether bytes more fit under this process's cgroup's hard limit (pruned state). */
+static int cgroup_room(si_file *f, uint64_t bytes)
+{
+    uint64_t hard = own_hard_limit(f);
+    if (hard == SI_NO_LIMIT)
+        return 1;
+    uint64_t used = used_cgroup(f, g_self.cgroup);
+    return used <= hard && bytes <= hard - used;
+}
+
 static void *heartbeat(void *arg);
 
 static void start_heartbeat(void)
@@ -298,6 +418,7 @@ static si_rec *own_rec(si_file *f, const si_device *d, int create, uint64_t now)
     slot->start_ticks = g_self.start;
     slot->pidns = g_self.pidns;
     slot->seen_us = now;
+    memcpy(slot->cgroup, g_self.cgroup, sizeof slot->cgroup);
     g_mine |= 1u << d->cfg_index;
     start_heartbeat();
     return slot;
@@ -377,7 +498,8 @@ int si_set_context(const si_device *d, int on)
     uint64_t ctx_bytes = si_context_bytes();
     if (f && on && !(r && r->ctx)) {
         prune(f, now);
-        if (ctx_bytes > d->mem_bytes || used_total(f) > d->mem_bytes - ctx_bytes)
+        if (ctx_bytes > d->mem_bytes || used_total(f) > d->mem_bytes - ctx_bytes ||
+            !cgroup_room(f, ctx_bytes))
             rc = -1;  /* no room for the context itself */
         else if ((r = own_rec(f, d, 1, now)) == NULL)
             rc = -1;
@@ -403,7 +525,7 @@ int si_mem_add(const si_device *d, uint64_t bytes)
         prune(f, now);
         uint64_t used = used_total(f);
         si_rec *r = NULL;
-        if (used > d->mem_bytes || bytes > d->mem_bytes - used ||
+        if (used > d->mem_bytes || bytes > d->mem_bytes - used || !cgroup_room(f, bytes) ||
             (r = own_rec(f, d, 1, now)) == NULL)
             rc = -1;
         else {
@@ -476,4 +598,67 @@ int si_query(const si_device *d, uint64_t t0, uint64_t t1, si_proc *out, int max
     if (dev_util)
         *dev_util = percent(dev_busy, SI_SECOND_US);
     return n;
+}
+
+void si_mem_view(const si_device *d, uint64_t *total, uint64_t *used, uint64_t *free_bytes)
+{
+    si_file *f = lock_dev(d);
+    uint64_t t = d->mem_bytes, u = 0, fr;
+    if (f) {
+        prune(f, si_now_us());
+        u = used_total(f);
+    }
+    fr = u < t ? t - u : 0;
+    uint64_t hard = f ? own_hard_limit(f) : SI_NO_LIMIT;
+    if (hard != SI_NO_LIMIT) {
+        t = hard;
+        u = used_cgroup(f, g_self.cgroup);
+        if (fr > (u < t ? t - u : 0))
+            fr = u < t ? t - u : 0;
+    }
+    unlock_dev(d);
+    *total = t;
+    *used = u;
+    *free_bytes = fr;
+}
+
+int si_limit_set(const si_device *d, const char *cgroup, uint64_t soft, uint64_t hard)
+{
+    si_file *f = lock_dev(d);
+    int rc = f ? 0 : -2;
+    si_limit *l = f ? find_limit(f, cgroup) : NULL;
+    if (f && soft == 0 && hard == SI_NO_LIMIT) {
+        if (l)
+            memset(l, 0, sizeof *l);  /* cleared: the cgroup has no limits again */
+    } else if (f) {
+        for (int i = 0; !l && i < SI_MAX_LIMITS; i++)
+            if (!f->limits[i].cgroup[0])
+                l = &f->limits[i];
+        if (!l || strlen(cgroup) >= sizeof l->cgroup) {
+            rc = -1;
+        } else {
+            snprintf(l->cgroup, sizeof l->cgroup, "%s", cgroup);
+            l->soft = soft;
+            l->hard = hard;
+        }
+    }
+    unlock_dev(d);
+    return rc;
+}
+
+int si_limit_get(const si_device *d, const char *cgroup, uint64_t *soft, uint64_t *hard,
+                 uint64_t *used)
+{
+    si_file *f = lock_dev(d);
+    int rc = f ? 1 : -2;
+    si_limit *l = f ? find_limit(f, cgroup) : NULL;
+    if (l) {
+        prune(f, si_now_us());
+        *soft = l->soft;
+        *hard = l->hard;
+        *used = used_cgroup(f, cgroup);
+        rc = 0;
+    }
+    unlock_dev(d);
+    return rc;
 }
