@@ -4,6 +4,7 @@ and helm 4, and every rendered object against the strict Kubernetes schemas."""
 from __future__ import annotations
 
 import copy
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from tests.chart.conftest import (
     k8s_validator,
     one,
     render,
+    render_error,
 )
 
 # (id, values files): the default values plus each example.
@@ -49,15 +51,19 @@ def test_lint_strict(helm: str, case: str, values: tuple[Path, ...]) -> None:
 
 def _without_generated(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The render minus what is random per render: generated Secret data (decision key,
-    extender certificates) and the pod annotations hashing them."""
+    extender and webhook certificates), the pod annotations hashing them and the webhook
+    configurations' caBundle."""
     out = copy.deepcopy(objs)
     for obj in out:
         if obj["kind"] == "Secret":
             obj["data"] = sorted(obj["data"])
         ann = obj.get("spec", {}).get("template", {}).get("metadata", {}).get("annotations", {})
-        ann.pop("checksum/extender-tls", None)
-        ann.pop("checksum/decision-key", None)
-    return out
+        for key in ("checksum/extender-tls", "checksum/decision-key", "checksum/tls"):
+            ann.pop(key, None)
+        for hook in obj.get("webhooks", []):
+            hook.get("clientConfig", {}).pop("caBundle", None)
+    # The same objects; helm 3 and 4 order kinds they do not know (DeviceClass) apart.
+    return sorted(out, key=lambda o: (o["kind"], o["metadata"]["name"]))
 
 
 @pytest.mark.parametrize(("case", "values"), CASES, ids=CASE_IDS)
@@ -71,7 +77,11 @@ def test_helm3_and_helm4_render_the_same(case: str, values: tuple[Path, ...]) ->
 @pytest.mark.parametrize(("case", "values"), CASES, ids=CASE_IDS)
 def test_objects_match_kubernetes_schema(minor: str, case: str, values: tuple[Path, ...]) -> None:
     # Same render for every minor except the admission policies (1.30+; below, rendering
-    # needs the explicit opt-out).
+    # needs the explicit opt-out). An example that says "Needs: Kubernetes 1.NN+" (DRA)
+    # is refused by the chart below that, as test_dra_example_needs_1_34 shows.
+    needs = _needs_minor(values)
+    if needs and tuple(map(int, minor.split("."))) < needs:
+        pytest.skip(f"{case} needs Kubernetes {needs[0]}.{needs[1]}+")
     sets = ["admissionPolicy.allowUnprotected=true"] if minor == "1.29" else []
     objs = render(helm_path(4), values, sets=sets, kube=f"{minor}.0", vap=True)
     kinds = set()
@@ -87,6 +97,22 @@ def test_objects_match_kubernetes_schema(minor: str, case: str, values: tuple[Pa
         )
     assert {"DaemonSet", "ConfigMap", "ServiceAccount", "ClusterRole", "Service", "Pod"} <= kinds
     assert ("ValidatingAdmissionPolicy" in kinds) == (minor != "1.29")
+
+
+def _needs_minor(values: tuple[Path, ...]) -> tuple[int, int] | None:
+    for v in values:
+        m = re.search(r"Needs: Kubernetes (\d+)\.(\d+)\+", v.read_text())
+        if m:
+            return int(m.group(1)), int(m.group(2))
+    return None
+
+
+def test_dra_example_needs_1_34() -> None:
+    dra = [p for p in EXAMPLES if p.stem == "dra"]
+    assert _needs_minor(tuple(dra)) == (1, 34)
+    assert "DRA mode needs Kubernetes 1.34+" in render_error(helm_path(4), dra, kube="1.33.0")
+    kinds = {o["kind"] for o in render(helm_path(4), dra, kube="1.34.0")}
+    assert {"DeviceClass", "MutatingWebhookConfiguration"} <= kinds
 
 
 def test_admission_policies_render_from_1_30_even_offline() -> None:

@@ -505,3 +505,52 @@ def test_the_stand_ins_nvml_memory_limits_contract(
         assert proc.returncode == 0, proc.stderr[-3000:]
         (got1,) = nvml(ctr, driver, [["get", cg]])
         assert (got1["soft"], got1["hard"]) == (LIMIT_MIB * MIB, LIMIT_MIB * MIB), got1
+
+
+def test_the_agents_own_slice_is_limited_through_its_cdi_spec(
+    cdi_hook: str, driver: Driver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The whole chain of the nvidia-memory-limits mode: the agent (dummy devices, real
+    gRPC, a kubelet-side stub) allocates a 3-unit slice; its response names the slice's
+    CDI devices; they are resolved through the spec the agent writes (its hook-only
+    devices), and each hook they carry is run as a runtime would with the response's env
+    in the container's spec; the workload in the container's cgroup then stops at 3 GiB."""
+    from gpu_share.agent.cdi import CdiSpecWriter
+    from gpu_share.devices.dummy import DummyBackend
+    from tests.agent.served_agent import rig_with
+    from tests.enforcement.slices import Node
+    from tests.harness.nvidia_limits import fake_node
+
+    # The node can enforce: cgroup v2 (the namespace below), the hook, the driver's NVML.
+    fake_node(tmp_path, monkeypatch, v2=True, hook=True, nvml=driver.nvml)
+    runtime_section = {
+        "enforcement": "nvidia-memory-limits",
+        "deviceListStrategy": ["cdi-cri"],
+        "nvidiaMemoryLimits": {"hookPath": cdi_hook, "driverRoot": str(driver.root)},
+    }
+    with rig_with({"runtime": runtime_section, "memoryUnitMiB": 1024}) as rig:
+        assert rig.agent is not None
+        resp = Node(rig, runtime.HostImage("")).slice("a", 3)
+        devs = rig.agent.backend.devices()
+        table = ";".join(f"{d.uuid}={d.memory_mib}" for d in devs)
+        writer = CdiSpecWriter(rig.cfg, devs, DummyBackend(rig.cfg.dummy, "node-a").naming(),
+                               spec_dir=str(tmp_path / "cdi"), scan_dirs=())
+        writer.write()
+    envs = dict(resp.envs)
+    assert envs["NVIDIA_GPU_MEMORY_LIMIT"] == envs["NVIDIA_GPU_MEMORY_REQUEST"] == "3072"
+    spec = json.loads(writer.hook_path.read_text())
+    by_name = {f"{spec['kind']}={d['name']}": d for d in spec["devices"]}
+    names = [c.name for c in resp.cdi_devices]
+    hooks = [h for n in names if n in by_name for h in by_name[n]["containerEdits"]["hooks"]]
+    assert len(hooks) == 1 and hooks[0]["hookName"] == "createRuntime", names
+
+    with cgroup2_container() as ctr:
+        state = bundle_state(tmp_path / "bundle", ctr.pid, envs)
+        proc = ctr.run([hooks[0]["path"], *hooks[0]["args"][1:]],
+                       driver.env(GPU_SHARE_STANDIN_DEVICES=table), in_cgroup=False,
+                       stdin=state, cwd=tmp_path / "bundle")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        r = workload(ctr, driver, 512, in_cgroup=True, GPU_SHARE_STANDIN_DEVICES=table,
+                     **{k: v for k, v in envs.items() if k.endswith("VISIBLE_DEVICES")})
+        assert (r["allocated_mib"], r["refused_error"], r["meminfo_total_mib"]) == (
+            3072, OOM, 3072), r

@@ -181,7 +181,7 @@ def check_nvidia_memory_limits(runtime: RuntimeConfig) -> list[str]:
     if not os.path.isfile(hook) or not os.access(hook, os.X_OK):
         problems.append(f"the NVIDIA container toolkit's hook {hook} is missing or not executable")
     try:
-        fs = cgroup_fs_type()
+        fs = cgroup_fs_type(CGROUP_ROOT, MOUNTINFO)
     except OSError as exc:
         fs, problems = None, [*problems, f"{MOUNTINFO} unreadable ({exc.strerror})"]
     if fs != "cgroup2":
