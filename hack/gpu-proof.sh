@@ -15,6 +15,8 @@
 #         4 MPS: a private control daemon, its pinned memory limit and thread percentage
 #         5 driver facts for driver-enforced limits (driver major, cgroup v2, dmem)
 #         6 the agent's own HAMi-core slices, applied as a runtime would (hack/gpu-delivery.py)
+#         7 the driver's per-cgroup memory limit (R615+, cgroup v2): set through NVML on a
+#           fresh child cgroup, a workload in it stopped at 4096 MiB; skipped otherwise
 #       Writes report.md and results.jsonl (one JSON object per run and per verdict) into
 #       DIR (default: $OUT if set, else .gpu-proof/out) and prints the report.
 #       Without nvidia-smi, or with --standin, the same steps run against the stand-in
@@ -143,12 +145,18 @@ prepare() {
 WORK=""
 MPS_PIPE=""
 RESULTS=""
+CGROUP_MADE=""
 
 cleanup() {
   if [[ -n "${MPS_PIPE}" ]]; then
     echo quit | CUDA_MPS_PIPE_DIRECTORY="${MPS_PIPE}" timeout -k 5 20 nvidia-cuda-mps-control \
       >/dev/null 2>&1 || true
     MPS_PIPE=""
+  fi
+  if [[ -n "${CGROUP_MADE}" ]]; then
+    "${PY}" "${HELPER}" nvml-limits --op clear --cgroup "${CGROUP_MADE}" >/dev/null 2>&1 || true
+    rmdir "${CGROUP_MADE}" 2>/dev/null || true
+    CGROUP_MADE=""
   fi
   if [[ -n "${WORK}" && "${GPU_PROOF_KEEP:-0}" != 1 ]]; then
     rm -rf "${WORK}"
@@ -311,6 +319,35 @@ print(" ".join(f"{n}={hasattr(lib, n)}" for n in
     "dmem_capacity_text=${cap}" "kernel=$(uname -r)" "nvml_memory_limits=${limits_api}"
 }
 
+# The driver's own per-cgroup memory limit, where the driver and the node have it: set
+# through NVML for a fresh child cgroup (as the toolkit's hook does for a container), a
+# workload moved into it, a control beside it; the limit cleared and the cgroup removed.
+step_driver_limits() {
+  local fs cg
+  fs="$(timeout 10 stat -fc %T /sys/fs/cgroup 2>&1)"
+  if [[ "${fs}" != cgroup2fs ]]; then
+    note driver-limits skipped "reason=not tested: /sys/fs/cgroup is ${fs}; the driver's per-cgroup limits need cgroup v2"
+    return
+  fi
+  if ! timeout 20 "${PY}" "${HELPER}" nvml-limits --op has >/dev/null 2>&1; then
+    note driver-limits skipped "reason=not tested: this libnvidia-ml.so.1 has no nvmlDeviceSetMemoryLimits_v1 (driver branch R615 or later)"
+    return
+  fi
+  cg="/sys/fs/cgroup/gpu-proof-$$"
+  if ! mkdir "${cg}" 2>/dev/null; then
+    note driver-limits skipped "reason=not tested: could not create ${cg}"
+    return
+  fi
+  CGROUP_MADE="${cg}"  # from here on the EXIT trap clears the limit and removes it
+  run_case driver-limits set json 20 --     "${PY}" "${HELPER}" nvml-limits --op set --cgroup "${cg}" --mib 4096
+  # shellcheck disable=SC2016 # the inner shell expands $$ and $0
+  run_case driver-limits limit-4096 workload 60 --     sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "${cg}"     "${WORKLOAD}" --chunk-mib 256 --target-mib 8192
+  run_case driver-limits control workload 60 -- "${WORKLOAD}" --chunk-mib 256 --target-mib 8192
+  run_case driver-limits clear json 20 --     "${PY}" "${HELPER}" nvml-limits --op clear --cgroup "${cg}"
+  rmdir "${cg}" 2>/dev/null || log "could not remove ${cg}"
+  CGROUP_MADE=""
+}
+
 # The agent's own delivery (hack/gpu-delivery.py): its records go straight to RESULTS.
 step_delivery() {
   local left=$((DEADLINE - SECONDS)) limit=150 rc=0 log="${WORK}/logs/delivery.err"
@@ -397,6 +434,7 @@ run_proof() {
   step_mps
   step_driver
   step_delivery
+  step_driver_limits
 
   "${PY}" "${HELPER}" report --results "${RESULTS}" --report "${out}/report.md" \
     || die "could not write the report"
@@ -547,6 +585,30 @@ def cmd_versions(_a):
     except Exception as exc:  # noqa: BLE001 - reported, not raised
         got["nvml_error"] = f"{type(exc).__name__}: {exc}"
     print(json.dumps(got))
+
+
+class _SetLimits(ctypes.Structure):  # nvmlSetMemoryLimits_v1_t (NVML R615+)
+    _fields_ = [("nameSpace", ctypes.c_char_p), ("softLimit", ctypes.c_ulonglong),
+                ("hardLimit", ctypes.c_ulonglong)]
+
+
+def cmd_nvml_limits(a):
+    """has: exit 0 when libnvidia-ml.so.1 exports the call. set/clear: the limits of GPU 0
+    for the cgroup --cgroup (soft = hard = --mib MiB; clear: soft 0, hard the maximum)."""
+    lib = ctypes.CDLL("libnvidia-ml.so.1")
+    if a.op == "has":
+        sys.exit(0 if hasattr(lib, "nvmlDeviceSetMemoryLimits_v1") else 1)
+    dev = ctypes.c_void_p()
+    rc = lib.nvmlInit_v2()
+    rc = rc or lib.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(dev))
+    if a.op == "set":
+        soft = hard = int(a.mib) << 20
+    else:
+        soft, hard = 0, 0xFFFFFFFFFFFFFFFF
+    lim = _SetLimits(a.cgroup.encode(), soft, hard)
+    rc = rc or lib.nvmlDeviceSetMemoryLimits_v1(dev, ctypes.byref(lim))
+    print(json.dumps({"op": a.op, "cgroup": a.cgroup, "soft": soft, "hard": hard, "rc": rc}))
+    sys.exit(0 if rc == 0 else 1)
 
 
 # ------------------------------------------------------------------------ judging
@@ -981,6 +1043,42 @@ def driver(rep, mode):
     rep.section("5. Driver-enforced limits", lines)
 
 
+def driver_limits(rep):
+    sk = rep.rec("driver-limits", "skipped")
+    if sk:
+        rep.verdict("7", "Driver-enforced memory limit", "driver-limits", "SKIP",
+                    sk["note"]["reason"])
+        rep.section("7. Driver-enforced memory limit", [sk["note"]["reason"]])
+        return
+    st, lim, ctl = (rep.rec("driver-limits", c) for c in ("set", "limit-4096", "control"))
+    w, c = (lim or {}).get("result") or {}, (ctl or {}).get("result") or {}
+    problems = []
+    if ran(st) or st.get("rc") != 0:
+        problems.append(f"nvmlDeviceSetMemoryLimits_v1: {ran(st) or st.get('result')}")
+    if ran(lim) or w.get("init_error"):
+        problems.append(f"limited run: {ran(lim) or w.get('init_error')}")
+    elif w.get("meminfo_total_mib") == LIMIT_MIB:
+        problems += limit_edge_problems(w, "driver limit")
+    else:  # cuMemGetInfo does not show the partition: the context as the control saw it
+        ctx = driver_context_mib(c) or 0
+        got = w.get("allocated_mib") or 0
+        if w.get("refused_error") != OOM or not got + ctx <= LIMIT_MIB < got + ctx + CHUNK_MIB:
+            problems.append(f"driver limit: {got} MiB + {ctx} MiB context, "
+                            f"{w.get('refused_error') or 'not refused'}")
+    if ran(ctl) or c.get("allocated_mib") != CONTROL_MIB:
+        problems.append(f"control: {ran(ctl) or wl_line(ctl)}")
+    fig = (f"cgroup limit 4096 MiB: {wl_line(lim) if ran(lim) is None else ran(lim)}; "
+           f"control {c.get('allocated_mib')} MiB")
+    rep.verdict("7", "Driver-enforced memory limit", "driver-limits",
+                "FAIL" if problems else "PASS",
+                ("; ".join(problems) + " | " if problems else "") + fig,
+                allocated_mib=w.get("allocated_mib"))
+    clear = rep.rec("driver-limits", "clear")
+    rep.section("7. Driver-enforced memory limit", [
+        f"set: {(st or {}).get('result')}", f"limited: {wl_line(lim)}",
+        f"control beside it: {wl_line(ctl)}", f"cleared: {(clear or {}).get('result')}"])
+
+
 def cmd_report(a):
     with open(a.results, encoding="utf-8") as fh:
         records = [json.loads(ln) for ln in fh if ln.strip()]
@@ -988,7 +1086,8 @@ def cmd_report(a):
     mode = setup.get("mode", "standin")
     rep = Report(records)
     for part in (lambda: discovery(rep, mode), lambda: hami_memory(rep), lambda: hami_sm(rep),
-                 lambda: mps(rep), lambda: driver(rep, mode), lambda: delivery(rep)):
+                 lambda: mps(rep), lambda: driver(rep, mode), lambda: delivery(rep),
+                 lambda: driver_limits(rep)):
         try:
             part()
         except Exception as exc:  # noqa: BLE001 - a broken judge is a FAIL, not a crash
@@ -1044,7 +1143,7 @@ def cmd_report(a):
 def main(argv):
     a = Args(argv)
     {"record": cmd_record, "note": cmd_note, "versions": cmd_versions,
-     "report": cmd_report}[a.cmd](a)
+     "nvml-limits": cmd_nvml_limits, "report": cmd_report}[a.cmd](a)
     return 0
 
 

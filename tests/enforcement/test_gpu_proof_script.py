@@ -26,9 +26,11 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _bash(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+def _bash(*args: str, timeout: float, cgroup2: bool = False) -> subprocess.CompletedProcess[str]:
+    ns = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+          'mount -t cgroup2 none /sys/fs/cgroup && exec "$@"', "ns"] if cgroup2 else []
     return subprocess.run(
-        ["bash", str(SCRIPT), *args],
+        [*ns, "bash", str(SCRIPT), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -53,7 +55,9 @@ def test_prepare_then_run_standin_reports_every_step(built: Built, tmp_path: Pat
     assert carried < 48 << 20, f"{proof} holds {carried} bytes: too much to carry"
 
     out = tmp_path / "out"
-    run = _bash("run", "--standin", "--out", str(out), timeout=240)
+    # In a private mount namespace with a cgroup v2 hierarchy on /sys/fs/cgroup, so that
+    # step 7 (the driver's per-cgroup limit, which the stand-in keeps) runs on this host.
+    run = _bash("run", "--standin", "--out", str(out), timeout=240, cgroup2=True)
     assert run.returncode == 0, run.stderr[-3000:]
     report = (out / "report.md").read_text()
     assert report.splitlines()[0] == BANNER
@@ -62,8 +66,12 @@ def test_prepare_then_run_standin_reports_every_step(built: Built, tmp_path: Pat
     records = [json.loads(ln) for ln in (out / "results.jsonl").read_text().splitlines()]
     verdicts: dict[str, dict[str, Any]] = {r["step"]: r for r in records if "verdict" in r}
     assert set(verdicts) == {
-        "discovery", "health", "hami-memory", "hami-sm", "mps", "driver", "delivery"
+        "discovery", "health", "hami-memory", "hami-sm", "mps", "driver", "delivery",
+        "driver-limits",
     }
+
+    limits = verdicts["driver-limits"]
+    assert (limits["verdict"], limits["allocated_mib"]) == ("PASS", 4096), limits
 
     disc = verdicts["discovery"]
     assert disc["verdict"] == "PASS", disc
