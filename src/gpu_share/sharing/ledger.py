@@ -9,125 +9,36 @@ PodResources.
 
 from __future__ import annotations
 
-import json
-import math
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
-from enum import StrEnum
-from typing import Any, TypeVar
+from collections.abc import Iterable
 
-from gpu_share.errors import AllocationError, LedgerError
-from gpu_share.sharing.ids import device_of, parse_unit_ids, tally_devices, valid_uuid
+from gpu_share.sharing import ledger_codec as codec
 from gpu_share.sharing.inventory import Inventory
+from gpu_share.sharing.ledger_codec import (
+    DUPLICATE_UNIT,
+    MALFORMED,
+    UNKNOWN_DEVICE,
+    LedgerAnomaly,
+    unknown_in,
+)
+from gpu_share.sharing.ledger_entry import (
+    LEDGER_VERSION,
+    DeviceUsage,
+    EntrySource,
+    EntryState,
+    LedgerEntry,
+    PodKey,
+)
+from gpu_share.sharing.ledger_usage import Accounts, pod_part
 from gpu_share.sharing.model import (
     ContainerKind,
     ContainerRef,
-    ContainerRequest,
-    DeviceShare,
-    PerKind,
     ResourceKind,
 )
 
-LEDGER_VERSION = "v1"
-
-PodKey = tuple[str, str]  # (namespace, pod name)
-
-
-class EntrySource(StrEnum):
-    NODE_AGENT = "node-agent"  # identity resolved at call time
-    DEGRADED = "degraded"  # placed without knowing the container (synthetic ref)
-    RECONCILED = "reconciled"  # adopted/attributed from PodResources later
-    EXTENDER = "extender"  # device(s) chosen by the scheduler extender (signed decision)
-
-
-class EntryState(StrEnum):
-    DECIDED = "decided"  # device(s) chosen, no Allocate yet
-    PARTIAL = "partially-allocated"  # some requested resources allocated
-    COMPLETE = "complete"  # every requested resource allocated
-
-
-@dataclass(frozen=True)
-class LedgerEntry:
-    ref: ContainerRef
-    request: ContainerRequest
-    shares: tuple[DeviceShare, ...]
-    source: EntrySource
-    created_at: float
-    updated_at: float
-    container_kind: ContainerKind = ContainerKind.APP
-    order: int = -1  # position in kubelet admission order; -1 unknown
-    memory_ids: tuple[str, ...] = ()
-    core_ids: tuple[str, ...] = ()
-    # What our last GetPreferredAllocation answered, to attribute the Allocate after it.
-    offered_memory_ids: tuple[str, ...] = ()
-    offered_core_ids: tuple[str, ...] = ()
-
-    @property
-    def pod_key(self) -> PodKey:
-        return (self.ref.namespace, self.ref.pod_name)
-
-    @property
-    def degraded(self) -> bool:
-        return self.source is EntrySource.DEGRADED
-
-    @property
-    def known_ref(self) -> ContainerRef | None:
-        """The ref errors and Events name: None for a blind (degraded) entry."""
-        return None if self.degraded else self.ref
-
-    def ids(self, kind: ResourceKind) -> tuple[str, ...]:
-        ids: tuple[str, ...] = getattr(self, _IDS[kind])
-        return ids
-
-    def offered(self, kind: ResourceKind) -> tuple[str, ...]:
-        ids: tuple[str, ...] = getattr(self, _OFFERED[kind])
-        return ids
-
-    def allocated(self, kind: ResourceKind) -> bool:
-        return bool(self.ids(kind))
-
-    @property
-    def state(self) -> EntryState:
-        wanted = [k for k in ResourceKind if self.request.amount(k) > 0]
-        done = [k for k in wanted if self.allocated(k)]
-        if wanted and len(done) == len(wanted):
-            return EntryState.COMPLETE
-        return EntryState.PARTIAL if done else EntryState.DECIDED
-
-    @property
-    def devices(self) -> tuple[str, ...]:
-        return tuple(s.device for s in self.shares)
-
-    @property
-    def exclusive(self) -> bool:
-        return any(s.exclusive for s in self.shares)
-
-    def with_ids(self, kind: ResourceKind, ids: Iterable[str], now: float) -> LedgerEntry:
-        changes: dict[str, Any] = {_IDS[kind]: tuple(sorted(ids)), "updated_at": now}
-        return replace(self, **changes)
-
-    def with_offer(self, kind: ResourceKind, ids: Iterable[str], now: float) -> LedgerEntry:
-        changes: dict[str, Any] = {_OFFERED[kind]: tuple(ids), "updated_at": now}
-        return replace(self, **changes)
-
-
-# Dicts, not PerKind: read for every entry on every call.
-_IDS = {ResourceKind.MEMORY: "memory_ids", ResourceKind.CORE: "core_ids"}
-_OFFERED = {ResourceKind.MEMORY: "offered_memory_ids", ResourceKind.CORE: "offered_core_ids"}
-
-
-@dataclass
-class DeviceUsage:
-    """Units of one device taken, by held ids plus reservations of decided entries."""
-
-    memory_used: int = 0
-    cores_used: int = 0
-    # Pods holding or reserving anything on the device.
-    pods: set[PodKey] = field(default_factory=set)
-    exclusive_pods: set[PodKey] = field(default_factory=set)
-
-    def used(self, kind: ResourceKind) -> int:
-        return PerKind(self.memory_used, self.cores_used)[kind]
+__all__ = [
+    "DUPLICATE_UNIT", "LEDGER_VERSION", "MALFORMED", "UNKNOWN_DEVICE", "DeviceUsage",
+    "EntrySource", "EntryState", "Ledger", "LedgerAnomaly", "LedgerEntry", "PodKey",
+]
 
 
 class Ledger:
@@ -135,7 +46,7 @@ class Ledger:
         self._entries: dict[ContainerRef, LedgerEntry] = {}
         self._by_pod: dict[PodKey, dict[ContainerRef, LedgerEntry]] = {}
         self._sorted: list[LedgerEntry] | None = None  # ``entries``, until a change
-        self._usage = _Accounts()  # kept up to date per change (``usage``)
+        self._usage = Accounts()  # kept up to date per change (``usage``)
         # Open offers (offered, not yet allocated) by kind and ids, for Allocate's lookup.
         self._offers: dict[tuple[ResourceKind, frozenset[str]], set[ContainerRef]] = {}
         self._absent: dict[PodKey, float] = {}
@@ -244,7 +155,7 @@ class Ledger:
             self._entries[ref] = entry
             pod[ref] = entry
         if pod:
-            self._usage.add(key, _pod_part(self, pod.values()))
+            self._usage.add(key, pod_part(self, pod.values()))
         else:
             del self._by_pod[key]
         self._sorted = None
@@ -300,9 +211,9 @@ class Ledger:
 
     def recount_usage(self, inventory: Inventory) -> dict[str, DeviceUsage]:
         """``usage`` counted from scratch over every entry (tests hold the two equal)."""
-        acc = _Accounts()
+        acc = Accounts()
         for key, pod in self._by_pod.items():
-            acc.add(key, _pod_part(self, pod.values()))
+            acc.add(key, pod_part(self, pod.values()))
         return acc.of(inventory)
 
     # -- absence (pods the kubelet no longer lists) -------------------------------
@@ -321,21 +232,12 @@ class Ledger:
         self._absent[key] = since
         self._absent_changed = True
 
-    # -- persistence --------------------------------------------------------------
+    # -- persistence (the format: ledger_codec.py) ---------------------------------
     def to_json(self) -> str:
         """The whole ledger (a snapshot); ``journal``: the journal generation whose
         records follow it."""
-        return json.dumps(
-            {
-                "version": LEDGER_VERSION,
-                "seq": self.seq,
-                "memoryUnitMiB": self.unit_mib,
-                "journal": self.journal,
-                "entries": [_entry_to_dict(e) for e in self.entries],
-                "absentSince": _absent_to_list(self._absent),
-            },
-            sort_keys=True,
-        )
+        return codec.snapshot_json(self.seq, self.unit_mib, self.journal, self.entries,
+                                   self._absent)
 
     @classmethod
     def from_json(cls, text: str) -> Ledger:
@@ -343,20 +245,10 @@ class Ledger:
         ``LedgerMalformed``, or ``LedgerDuplicateUnit`` when one entry lists a unit
         twice), never another exception: the agent then quarantines the file and
         rebuilds from PodResources."""
-        raw = _load_object(text, "ledger")
-        version = raw.get("version")
-        if version != LEDGER_VERSION:
-            raise LedgerError(
-                f"ledger version {_show(version)} is not supported (expected "
-                f"{LEDGER_VERSION!r})",
-                reason=MALFORMED,
-            )
+        doc = codec.read_snapshot(text)
         led = cls()
-        try:
-            led.journal = _int(raw.get("journal", 0), "journal", 0)
-            led._apply(raw, "")
-        except _Bad as bad:
-            raise LedgerError(f"ledger entry is malformed: {bad}", reason=MALFORMED) from bad
+        led.journal = doc.journal
+        led._load(doc)
         led.drain_changes()  # what was read is not a change
         return led
 
@@ -368,45 +260,25 @@ class Ledger:
         absent, self._absent_changed = self._absent_changed, False
         if not changed and not absent:
             return None
-        record: dict[str, Any] = {"seq": self.seq, "memoryUnitMiB": self.unit_mib}
-        record["entries"] = [_entry_to_dict(e) for e in changed.values() if e is not None]
-        record["removed"] = [_ref_to_dict(r) for r, e in changed.items() if e is None]
-        if absent:
-            record["absentSince"] = _absent_to_list(self._absent)
-        return json.dumps(record, sort_keys=True)
+        return codec.record_json(self.seq, self.unit_mib, changed,
+                                 self._absent if absent else None)
 
     def apply_record(self, text: str, where: str) -> None:
         """Replay one ``drain_changes`` record; ``LedgerError`` (LedgerMalformed) when
         it is not one."""
-        raw = _load_object(text, where)
-        try:
-            for i, r in enumerate(_list(raw.get("removed", []), f"{where}.removed")):
-                self._set(_ref_from_dict(r, f"{where}.removed[{i}]"), None)
-            self._apply(raw, f"{where}.")
-        except _Bad as bad:
-            raise LedgerError(f"ledger journal is malformed: {bad}", reason=MALFORMED) from bad
+        doc = codec.read_record(text, where)
+        for ref in doc.removed:
+            self._set(ref, None)
+        self._load(doc)
         self.drain_changes()
 
-    def _apply(self, raw: dict[str, Any], where: str) -> None:
+    def _load(self, doc: codec.LedgerDoc) -> None:
         """Fields a snapshot and a journal record share; entries replace their ref's."""
-        self.seq = _int(raw.get("seq", 0), f"{where}seq", 0)
-        self.unit_mib = _int(raw.get("memoryUnitMiB", 0), f"{where}memoryUnitMiB", 0)
-        if self.unit_mib > _MAX_UNIT_MIB:
-            raise _Bad(f"{where}memoryUnitMiB: {self.unit_mib} is above {_MAX_UNIT_MIB}")
-        seen: set[ContainerRef] = set()
-        for i, d in enumerate(_list(raw.get("entries", []), f"{where}entries")):
-            entry = _entry_from_dict(d, f"{where}entries[{i}]")
-            if entry.ref in seen or (not where and self.get(entry.ref) is not None):
-                raise _Bad(f"{entry.ref} is listed twice")
-            seen.add(entry.ref)
+        self.seq, self.unit_mib = doc.seq, doc.unit_mib
+        for entry in doc.entries:
             self.put(entry)
-        if "absentSince" in raw or not where:
-            self._absent.clear()
-        for i, a in enumerate(_list(raw.get("absentSince", []), f"{where}absentSince")):
-            at = f"{where}absentSince[{i}]"
-            a = _dict(a, at)
-            key = (_str(a, "namespace", at), _str(a, "podName", at))
-            self._absent[key] = _num(a.get("since"), f"{at}.since")
+        if doc.absent is not None:
+            self._absent = dict(doc.absent)
 
     def anomalies(self, inventory: Inventory) -> list[LedgerAnomaly]:
         """What a loaded ledger says that cannot be true on this node: a unit held by
@@ -416,7 +288,7 @@ class Ledger:
         over-committed; reconcile corrects them from PodResources."""
         out = [*self._shared_units()]
         for e in self.entries:
-            out.extend(_unknown_in(e, inventory))
+            out.extend(unknown_in(e, inventory))
         return out
 
     def _shared_units(self) -> list[LedgerAnomaly]:
@@ -437,316 +309,3 @@ class Ledger:
                                   f"containers ({who})")
                 )
         return out
-
-
-@dataclass(frozen=True)
-class _PodPart:
-    """One pod's contribution to usage: its held units, the devices it is on (held or
-    decided), those it holds exclusively, and what its decided kinds reserve."""
-
-    units: tuple[tuple[str, ResourceKind, str], ...]
-    devices: frozenset[str]
-    exclusive: frozenset[str]
-    reserved: tuple[tuple[str, ResourceKind, int], ...]
-
-
-def _pod_part(ledger: Ledger, entries: Iterable[LedgerEntry]) -> _PodPart:
-    units: list[tuple[str, ResourceKind, str]] = []
-    devices: set[str] = set()
-    exclusive: set[str] = set()
-    reserved: list[tuple[str, ResourceKind, int]] = []
-    for e in entries:
-        for kind in ResourceKind:
-            units.extend((device_of(u), kind, u) for u in e.ids(kind))
-        devices.update(s.device for s in e.shares)
-        exclusive.update(s.device for s in e.shares if s.exclusive)
-        reserved.extend(_reserved(ledger, e))
-    devices.update(d for d, _k, _u in units)
-    return _PodPart(tuple(units), frozenset(devices), frozenset(exclusive), tuple(reserved))
-
-
-def _reserved(ledger: Ledger, e: LedgerEntry) -> list[tuple[str, ResourceKind, int]]:
-    """A decided, not yet allocated kind reserves its share, less the reuse pool the
-    kubelet will hand the container on that device."""
-    out = []
-    for kind in ResourceKind:
-        if e.allocated(kind):
-            continue
-        pool = tally_devices(ledger.reuse_pool(e, kind)) if e.order >= 0 else {}
-        for s in e.shares:
-            need = max(0, s.amount(kind) - pool.get(s.device, 0))
-            if need:
-                out.append((s.device, kind, need))
-    return out
-
-
-class _Accounts:
-    """Usage summed over pods' parts; a pod's part is taken out and put back whole
-    whenever one of its entries changes."""
-
-    def __init__(self) -> None:
-        self._parts: dict[PodKey, _PodPart] = {}
-        self._held: dict[tuple[str, ResourceKind], dict[str, int]] = {}  # unit -> holders
-        self._pods: dict[str, set[PodKey]] = {}
-        self._exclusive: dict[str, set[PodKey]] = {}
-        self._reserved: dict[tuple[str, ResourceKind], int] = {}
-
-    def add(self, key: PodKey, part: _PodPart) -> None:
-        self._parts[key] = part
-        for dev, kind, unit in part.units:
-            held = self._held.setdefault((dev, kind), {})
-            held[unit] = held.get(unit, 0) + 1
-        for dev in part.devices:
-            self._pods.setdefault(dev, set()).add(key)
-        for dev in part.exclusive:
-            self._exclusive.setdefault(dev, set()).add(key)
-        for dev, kind, n in part.reserved:
-            self._reserved[(dev, kind)] = self._reserved.get((dev, kind), 0) + n
-
-    def drop(self, key: PodKey) -> None:
-        part = self._parts.pop(key, None)
-        if part is None:
-            return
-        for dev, kind, unit in part.units:
-            held = self._held[(dev, kind)]
-            held[unit] -= 1
-            if not held[unit]:
-                del held[unit]
-        for dev in part.devices:
-            self._pods[dev].discard(key)
-        for dev in part.exclusive:
-            self._exclusive[dev].discard(key)
-        for dev, kind, n in part.reserved:
-            self._reserved[(dev, kind)] -= n
-
-    def _used(self, uuid: str, kind: ResourceKind) -> int:
-        return len(self._held.get((uuid, kind), ())) + self._reserved.get((uuid, kind), 0)
-
-    def of(self, inventory: Inventory) -> dict[str, DeviceUsage]:
-        out = {}
-        for d in inventory.devices:
-            du = DeviceUsage(
-                pods=set(self._pods.get(d.uuid, ())),
-                exclusive_pods=set(self._exclusive.get(d.uuid, ())),
-            )
-            if du.exclusive_pods:
-                du.memory_used, du.cores_used = d.memory_units, d.cores
-            else:
-                du.memory_used, du.cores_used = (
-                    self._used(d.uuid, k) for k in (ResourceKind.MEMORY, ResourceKind.CORE)
-                )
-            out[d.uuid] = du
-        return out
-
-
-MALFORMED = "LedgerMalformed"  # not JSON, wrong version, wrong types, non-canonical ids
-DUPLICATE_UNIT = "LedgerDuplicateUnit"  # one unit held twice
-UNKNOWN_DEVICE = "LedgerUnknownDevice"  # a device or unit this node does not have
-
-
-@dataclass(frozen=True)
-class LedgerAnomaly:
-    reason: str  # DUPLICATE_UNIT or UNKNOWN_DEVICE
-    message: str
-
-
-def _unknown_in(e: LedgerEntry, inventory: Inventory) -> list[LedgerAnomaly]:
-    out = []
-    for dev in sorted({s.device for s in e.shares} - {d.uuid for d in inventory.devices}):
-        out.append(LedgerAnomaly(UNKNOWN_DEVICE, f"{e.ref} has a share of unknown device {dev}"))
-    for kind in ResourceKind:
-        for u in parse_unit_ids(e.ids(kind), kind):
-            if not inventory.contains_unit(u.device, kind, u.index):
-                out.append(LedgerAnomaly(UNKNOWN_DEVICE, f"{e.ref} holds unknown unit {u}"))
-    return out
-
-
-def _load_object(text: str, what: str) -> dict[str, Any]:
-    try:
-        raw = json.loads(text, parse_constant=_reject_constant)
-    except (ValueError, RecursionError, MemoryError) as e:
-        # ValueError covers JSONDecodeError and integers over the digit limit.
-        raise LedgerError(f"{what} is not JSON: {_short(e)}", reason=MALFORMED) from e
-    if not isinstance(raw, dict):
-        raise LedgerError(f"{what} is not a JSON object", reason=MALFORMED)
-    return raw
-
-
-def _absent_to_list(absent: Mapping[PodKey, float]) -> list[dict[str, Any]]:
-    return [{"namespace": k[0], "podName": k[1], "since": v} for k, v in sorted(absent.items())]
-
-
-def _ref_to_dict(r: ContainerRef) -> dict[str, str]:
-    return {
-        "namespace": r.namespace,
-        "podName": r.pod_name,
-        "containerName": r.container_name,
-        "podUid": r.pod_uid,
-    }
-
-
-def _ref_from_dict(v: Any, where: str) -> ContainerRef:
-    d = _dict(v, where)
-    return ContainerRef(
-        _str(d, "namespace", where),
-        _str(d, "podName", where),
-        _str(d, "containerName", where),
-        _str(d, "podUid", where),
-    )
-
-
-def _entry_to_dict(e: LedgerEntry) -> dict[str, Any]:
-    return {
-        "namespace": e.ref.namespace,
-        "podName": e.ref.pod_name,
-        "containerName": e.ref.container_name,
-        "podUid": e.ref.pod_uid,
-        "containerKind": e.container_kind.value,
-        "order": e.order,
-        "request": {"memoryUnits": e.request.memory_units, "cores": e.request.cores},
-        "shares": [
-            {
-                "device": s.device,
-                "memoryUnits": s.memory_units,
-                "cores": s.cores,
-                "exclusive": s.exclusive,
-            }
-            for s in e.shares
-        ],
-        "memoryIds": list(e.memory_ids),
-        "coreIds": list(e.core_ids),
-        "offeredMemoryIds": list(e.offered_memory_ids),
-        "offeredCoreIds": list(e.offered_core_ids),
-        "source": e.source.value,
-        "createdAt": e.created_at,
-        "updatedAt": e.updated_at,
-    }
-
-
-# Bounds of what a ledger may say: far above anything real, small enough to be cheap.
-_MAX_INT = 10**9
-_MAX_STR = 253  # Kubernetes names are at most 253 characters
-_MAX_LIST = 1_000_000
-_MAX_UNIT_MIB = 1024 * 1024  # AgentConfig.memory_unit_mib's upper bound
-
-
-class _Bad(Exception):
-    """A ledger field is missing or of the wrong type/range (becomes LedgerError)."""
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a number")
-
-
-def _short(e: BaseException) -> str:
-    return _show(f"{type(e).__name__}: {e}")
-
-
-def _show(v: object, limit: int = 80) -> str:
-    """Bounded repr of a value read from the file (never echo it whole)."""
-    text = repr(v) if isinstance(v, str | int | float | bool | None) else f"<{type(v).__name__}>"
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} chars)"
-
-
-def _dict(v: Any, where: str) -> dict[str, Any]:
-    if not isinstance(v, dict):
-        raise _Bad(f"{where}: expected an object, got {_show(v)}")
-    return v
-
-
-def _list(v: Any, where: str) -> list[Any]:
-    if not isinstance(v, list) or len(v) > _MAX_LIST:
-        raise _Bad(f"{where}: expected a list, got {_show(v)}")
-    return v
-
-
-def _int(v: Any, where: str, lo: int) -> int:
-    # bool is an int subclass; 1e999 and 2.5 are floats: all refused.
-    if type(v) is not int or not lo <= v <= _MAX_INT:
-        raise _Bad(f"{where}: expected an integer in [{lo}, {_MAX_INT}], got {_show(v)}")
-    return v
-
-
-def _num(v: Any, where: str) -> float:
-    if type(v) not in (int, float) or not math.isfinite(v) or abs(v) > 1e12:
-        raise _Bad(f"{where}: expected a finite number, got {_show(v)}")
-    return float(v)
-
-
-def _str(d: dict[str, Any], key: str, where: str) -> str:
-    v = d.get(key)
-    if not isinstance(v, str) or len(v) > _MAX_STR:
-        raise _Bad(f"{where}.{key}: expected a string, got {_show(v)}")
-    return v
-
-
-def _bool(v: Any, where: str) -> bool:
-    if not isinstance(v, bool):
-        raise _Bad(f"{where}: expected true or false, got {_show(v)}")
-    return v
-
-
-_E = TypeVar("_E", bound=StrEnum)
-
-
-def _enum(cls: type[_E], v: Any, where: str) -> _E:
-    if isinstance(v, str):
-        for member in cls:
-            if member.value == v:
-                return member
-    raise _Bad(f"{where}: expected one of {[m.value for m in cls]}, got {_show(v)}")
-
-
-def _ids(d: dict[str, Any], key: str, where: str, kind: ResourceKind) -> tuple[str, ...]:
-    """A list of canonical unit ids of ``kind``, none twice."""
-    v = _list(d.get(key, []), f"{where}.{key}")
-    if not all(isinstance(x, str) for x in v):
-        raise _Bad(f"{where}.{key}: expected a list of strings")
-    try:
-        parse_unit_ids(v, kind)
-    except AllocationError as e:
-        raise _Bad(f"{where}.{key}: {e.message}") from e
-    if len(set(v)) != len(v):
-        raise LedgerError(
-            f"ledger entry is malformed: {where}.{key} lists a unit twice", reason=DUPLICATE_UNIT
-        )
-    return tuple(v)
-
-
-def _share_from_dict(v: Any, where: str) -> DeviceShare:
-    s = _dict(v, where)
-    device = _str(s, "device", where)
-    if not valid_uuid(device):
-        raise _Bad(f"{where}.device: not a device uuid: {_show(device)}")
-    return DeviceShare(
-        device,
-        _int(s.get("memoryUnits"), f"{where}.memoryUnits", 0),
-        _int(s.get("cores"), f"{where}.cores", 0),
-        _bool(s.get("exclusive"), f"{where}.exclusive"),
-    )
-
-
-def _entry_from_dict(v: Any, where: str) -> LedgerEntry:
-    d = _dict(v, where)
-    req = _dict(d.get("request"), f"{where}.request")
-    mem, core = ResourceKind.MEMORY, ResourceKind.CORE
-    return LedgerEntry(
-        ref=_ref_from_dict(d, where),
-        request=ContainerRequest(
-            _int(req.get("memoryUnits"), f"{where}.request.memoryUnits", 0),
-            _int(req.get("cores"), f"{where}.request.cores", 0),
-        ),
-        shares=tuple(
-            _share_from_dict(s, f"{where}.shares[{i}]")
-            for i, s in enumerate(_list(d.get("shares"), f"{where}.shares"))
-        ),
-        source=_enum(EntrySource, d.get("source"), f"{where}.source"),
-        created_at=_num(d.get("createdAt"), f"{where}.createdAt"),
-        updated_at=_num(d.get("updatedAt"), f"{where}.updatedAt"),
-        container_kind=_enum(ContainerKind, d.get("containerKind"), f"{where}.containerKind"),
-        order=_int(d.get("order"), f"{where}.order", -1),
-        memory_ids=_ids(d, "memoryIds", where, mem),
-        core_ids=_ids(d, "coreIds", where, core),
-        offered_memory_ids=_ids(d, "offeredMemoryIds", where, mem),
-        offered_core_ids=_ids(d, "offeredCoreIds", where, core),
-    )
