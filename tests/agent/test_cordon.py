@@ -71,7 +71,7 @@ def test_cordon_stops_new_slices_running_ones_stay_uncordon_restores() -> None:
         other = dev1 if target == dev0 else dev0
 
         cordon = Cordon("alice", "ECC errors", "2026-11-24T06:31:49Z")
-        rig.agent.on_node_annotations({cordon_key(DOMAIN, target): cordon.encode()})
+        rig.agent.holds.on_node_annotations({cordon_key(DOMAIN, target): cordon.encode()})
 
         for resource in (MEM, CORE):
             rig.clients[resource].wait_for_list(
@@ -92,9 +92,9 @@ def test_cordon_stops_new_slices_running_ones_stay_uncordon_restores() -> None:
         events = [e for e in rig.publisher.events if e[1] == "DeviceCordoned"]
         assert len(events) == 1 and "by alice: ECC errors" in events[0][2]
         assert target in events[0][2] and events[0][0] == "node-a"
-        assert rig.agent.cordons() == {target: cordon}
+        assert rig.agent.holds.cordons() == {target: cordon}
 
-        rig.agent.on_node_annotations({})
+        rig.agent.holds.on_node_annotations({})
         rig.clients[MEM].wait_for_list(lambda ds: bool(ds) and all(d.healthy for d in ds))
         _inventory(rig, lambda i: bool(i) and "cordoned" not in i[target])
         assert rig.agent.flush(5.0)
@@ -127,7 +127,7 @@ def test_bad_annotations_are_reported_once_and_an_unreadable_one_cordons() -> No
         good = Cordon("bob", "maintenance").encode()
         devs = [dd.uuid for dd in backend.devices()]
         # Before the engine exists: kept, applied by start().
-        agent.on_node_annotations({cordon_key(DOMAIN, devs[1]): good})
+        agent.holds.on_node_annotations({cordon_key(DOMAIN, devs[1]): good})
         agent.start()
         try:
             assert agent.engine is not None and agent.engine.inventory.is_cordoned(devs[1])
@@ -137,7 +137,7 @@ def test_bad_annotations_are_reported_once_and_an_unreadable_one_cordons() -> No
                 cordon_key(DOMAIN, devs[1]): good,
             }
             for _ in range(3):  # the same problems again: reported once
-                agent.on_node_annotations(bad)
+                agent.holds.on_node_annotations(bad)
             assert sorted(metrics.ignored) == ["Malformed", "UnknownDevice"]
             assert agent.flush(5.0)
             warned = [e for e in pub.events if e[1] == "CordonIgnored"]
@@ -151,8 +151,8 @@ def test_bad_annotations_are_reported_once_and_an_unreadable_one_cordons() -> No
             assert {r.device: r.cordoned for r in metrics.rows} == {devs[0]: True,
                                                                     devs[1]: True}
             # Garbage of every kind never raises.
-            agent.on_node_annotations({cordon_key(DOMAIN, devs[0]): "[" * 10_000})
-            agent.on_node_annotations({cordon_key(DOMAIN, devs[0]): "x" * 100_000})
+            agent.holds.on_node_annotations({cordon_key(DOMAIN, devs[0]): "[" * 10_000})
+            agent.holds.on_node_annotations({cordon_key(DOMAIN, devs[0]): "x" * 100_000})
         finally:
             agent.stop()
 
@@ -161,7 +161,7 @@ def test_advertised_units_follow_the_cordon_per_resource() -> None:
     with running_rig() as rig:
         assert rig.agent is not None
         dev0, _ = _uuids(rig)
-        rig.agent.on_node_annotations({cordon_key(DOMAIN, dev0): Cordon("a", "b").encode()})
+        rig.agent.holds.on_node_annotations({cordon_key(DOMAIN, dev0): Cordon("a", "b").encode()})
         for kind in ResourceKind:
             units = rig.agent.advertised(kind)
             assert {u.healthy for u in units if parse_unit_id(u.id).device == dev0} == {False}
@@ -180,7 +180,7 @@ def test_a_restarted_agent_offers_no_device_before_it_has_read_the_cordons() -> 
             from gpu_share.agent.node_agent import NodeAgent
 
             agent = NodeAgent(cfg, backend, pod_resources=None, pods=FakePods(), publisher=pub)
-            agent.await_cordons(60.0 if first_read else 0.5)
+            agent.holds.await_cordons(60.0 if first_read else 0.5)
             agent.start()
             try:
                 engine = agent.engine
@@ -188,7 +188,7 @@ def test_a_restarted_agent_offers_no_device_before_it_has_read_the_cordons() -> 
                 devs = [dd.uuid for dd in backend.devices()]
                 assert all(engine.inventory.is_cordoned(u) for u in devs)
                 if first_read:
-                    agent.on_node_annotations(
+                    agent.holds.on_node_annotations(
                         {cordon_key(DOMAIN, devs[0]): Cordon("bob", "x").encode()})
                     assert [engine.inventory.is_cordoned(u) for u in devs] == [
                         True] + [False] * (len(devs) - 1)

@@ -12,17 +12,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 
 from gpu_share.agent.bindings import ResourceBinding
 from gpu_share.agent.calls import CallFacts, CallReports
 from gpu_share.agent.container_dirs import ContainerDirs
 from gpu_share.agent.enforcement import EnforcementStatus
-from gpu_share.agent.enforcement import check as check_enforcement
 from gpu_share.agent.feed import ChangeFeed
-from gpu_share.agent.holds import DeviceHolds, report_cordon_change, report_enforcement
 from gpu_share.agent.journal import LedgerJournal
+from gpu_share.agent.node_holds import AgentSide, NodeHolds
 from gpu_share.agent.ports import (
     AgentMetrics,
     PodResourcesSource,
@@ -50,7 +49,6 @@ from gpu_share.errors import (
     KubeAccessError,
 )
 from gpu_share.observability.loops import LoopSupervisor
-from gpu_share.sharing.cordon import Cordon, diff_cordons, scan_cordons
 from gpu_share.sharing.engine import (
     Allocation,
     AllocationEngine,
@@ -124,8 +122,10 @@ class NodeAgent:
         # start must never overwrite what is on disk).
         self._started = False
         self._annotation_prefix = f"gpu-share.{cfg.resources.domain}"
-        # Which devices take no new slice, and why (agent/holds.py).
-        self._holds = DeviceHolds(cfg.runtime.enforcement)
+        # Which devices take no new slice, and why (agent/node_holds.py).
+        self.holds = NodeHolds(cfg.runtime, cfg.resources.domain, AgentSide(
+            self._lock, lambda: self.engine, self.feed.bump, self.feed_inventory_changed,
+            self.warn_node, self._node_event, self._metrics))
         self._dirs = ContainerDirs(
             cfg.runtime.hami_core.cache_dir
             if cfg.runtime.enforcement is EnforcementMode.HAMI_CORE
@@ -179,9 +179,9 @@ class NodeAgent:
             memory_resource=self.names.memory,
         )
         self._dirs.start(self._engine().ledger.entries)
-        self.check_enforcement()
-        if self._holds.annotations is not None:
-            self.on_node_annotations(self._holds.annotations)
+        self.holds.check_enforcement()
+        if self.holds.state.annotations is not None:
+            self.holds.on_node_annotations(self.holds.state.annotations)
         log.info(
             "devices discovered",
             extra={"devices": [d.uuid for d in devices], "backend": self.backend.name},
@@ -420,96 +420,17 @@ class NodeAgent:
         self.feed.bump()
         self.feed_inventory_changed()
 
-    # ---- devices held back (agent/holds.py) ------------------------------------------
+    # ---- devices held back (agent/node_holds.py) -------------------------------------
 
     @property
     def enforcement(self) -> EnforcementStatus:
         """Whether the node can enforce its pool's mode, as last checked."""
-        return self._holds.enforcement
-
-    def await_cordons(self, timeout_s: float) -> None:
-        """Before ``start``: the node's cordons will come from the node watch. Until its
-        first read (``on_node_annotations``), or ``timeout_s`` at most, every device is
-        held back (a restarted agent must not offer a cordoned device); past the bound
-        they are offered without cordons and a Warning Event says so."""
-        self._holds.await_cordons(timeout_s)
-
-    def _apply_holds(self) -> bool:
-        """The engine's cordons as the holds say now; True when they changed. Under the
-        lock."""
-        engine = self._engine()
-        return engine.set_cordons(self._holds.held(d.uuid for d in engine.inventory.devices))
-
-    def _holds_changed(self, changed: bool) -> None:
-        if changed:
-            self.feed.bump()  # ListAndWatch: the held devices' units are unhealthy now
-            self.feed_inventory_changed()
-
-    def _cordon_wait_over(self) -> None:
-        """The health pass: the first read did not come in time (API server down)."""
-        if self.engine is None:
-            return
-        with self._lock:
-            if not self._holds.cordon_wait_over():
-                return
-            changed = self._apply_holds()
-        self.warn_node("CordonsUnread", "the node's cordons could not be read from the API "
-                       "server in time; devices are offered without them until it answers")
-        self._holds_changed(changed)
-
-    def on_node_annotations(self, annotations: Mapping[str, str]) -> None:
-        """The node's cordon annotations changed (the node watch): honour them at once.
-        Never raises: a bad value is logged, counted, and cordons its device."""
-        holds = self._holds
-        with self._lock:
-            holds.cordons_due = None  # read: no longer held back for want of them
-            holds.annotations = dict(annotations)
-            engine = self.engine
-            if engine is None:
-                return  # start() applies them
-            devices = {d.uuid: d.index for d in engine.inventory.devices}
-            scan = scan_cordons(annotations, self.cfg.resources.domain, devices)
-            changes = diff_cordons(holds.cordons, scan.cordons)
-            holds.cordons = dict(scan.cordons)
-            changed = self._apply_holds()
-        holds.report_problems(scan.problems, self.warn_node, self._metrics.cordon_ignored)
-        for change in changes:
-            report_cordon_change(change, devices.get(change.device), self._node_event)
-        self._holds_changed(changed)
-
-    def hold_for_dra_claims(self, devices: Collection[str]) -> None:
-        """Hold back ``devices`` (those of DRA claims left from DRA mode) or, when
-        empty, give them back."""
-        with self._lock:
-            self._holds.dra_held = frozenset(devices)
-            changed = self._apply_holds()
-        self._holds_changed(changed)
+        return self.holds.enforcement
 
     def device_ids(self) -> list[str]:
         """Every device of the node (uuid)."""
         with self._lock:
             return [d.uuid for d in self._engine().inventory.devices]
-
-    def check_enforcement(self) -> None:
-        """Check the pool's enforcement (start, every health pass); on a change, hold
-        every device back or give them back, and say so."""
-        status = check_enforcement(self.cfg.runtime)
-        with self._lock:
-            before = self._holds.enforcement
-            if status == before:
-                return
-            self._holds.enforcement = status
-            changed = self._apply_holds()
-        self._metrics.enforcement(status.mode.value, status.ready)
-        report_enforcement(before, status, self.warn_node, self._node_event)
-        if changed:
-            self.feed.bump()
-        self.feed_inventory_changed()  # the node's annotation and label say it
-
-    def cordons(self) -> dict[str, Cordon]:
-        """The cordons honoured now, by device uuid."""
-        with self._lock:
-            return dict(self._holds.cordons)
 
     def feed_inventory_changed(self) -> None:
         """Usage or health changed: refresh metrics and the node annotation, coalesced in
@@ -544,8 +465,8 @@ class NodeAgent:
         if events and not self._stop.is_set():
             self.on_health(events)
         if not self._stop.is_set():
-            self.check_enforcement()
-            self._cordon_wait_over()
+            self.holds.check_enforcement()
+            self.holds.cordon_wait_over()
 
     def _reconcile_step(self) -> None:
         # The first full reconcile right after start, then every interval or on request.
@@ -624,7 +545,7 @@ class NodeAgent:
         with self._lock:
             if self.engine is None:
                 return
-            rows = device_rows(self.engine, self.names, self._holds.counts_as_cordoned)
+            rows = device_rows(self.engine, self.names, self.holds.state.counts_as_cordoned)
         self._metrics.devices(rows)
 
     def _node_labels(self) -> Mapping[str, str | None]:

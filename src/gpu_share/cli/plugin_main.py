@@ -209,7 +209,7 @@ class _Node:
 
         if self.kube is not None:
             # A restarted agent offers no device before it has read the node's cordons.
-            agent.await_cordons(CORDONS_FIRST_READ_S)
+            agent.holds.await_cordons(CORDONS_FIRST_READ_S)
 
         def start_agent() -> None:
             _guard_sizes(cfg, backend.devices())
@@ -218,7 +218,7 @@ class _Node:
         interruptible(start_agent, stop, name="agent-start")
         if self.kube is not None:
             # Device cordons (kubectl gpu-share cordon) are honoured within seconds.
-            self.kube.watch_cordons(agent.on_node_annotations)
+            self.kube.watch_cordons(agent.holds.on_node_annotations)
         if cfg.dra.enabled:
             self._start_dra(agent, backend)
             return
@@ -245,7 +245,7 @@ class _Node:
         from gpu_share.dra.server import DraPluginServer
 
         cfg = self.cfg
-        left = DraLeftovers(cfg, hold=agent.hold_for_dra_claims, devices=agent.device_ids,
+        left = DraLeftovers(cfg, hold=agent.holds.hold_for_dra_claims, devices=agent.device_ids,
                             event=agent.warn_node)
         if not left.load():
             return
