@@ -21,6 +21,8 @@ HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 LOG_PREFIX=build-cdi-hook
 # shellcheck source=hack/lib/common.sh
 . "${HACK_DIR}/lib/common.sh"
+# shellcheck source=hack/lib/gotool.sh
+. "${HACK_DIR}/lib/gotool.sh"
 CACHE_DIR="${GPU_SHARE_CACHE:-$HOME/.cache/gpu-share}"
 # The release whose apply-cuda-memory-limits hook (NVML's per-cgroup memory limits) the
 # tests pin; its go.mod says go 1.26.0, which the pinned Go toolchain (1.26.x) reads.
@@ -31,45 +33,15 @@ BUILD_TIMEOUT_S="${CDI_HOOK_BUILD_TIMEOUT_S:-900}"
 hook_dir() { echo "${CACHE_DIR}/nvidia-cdi-hook-${CDI_HOOK_VERSION#v}"; }
 
 build_hook() {
-  local dir m=github.com/NVIDIA/nvidia-container-toolkit ld start
-  dir="$(hook_dir)"
-  if [[ -f "${dir}/.stamp" && -x "${dir}/bin/nvidia-cdi-hook" ]]; then
-    return 0
-  fi
-  command -v go >/dev/null || die "go not found in PATH (needed to build nvidia-cdi-hook)"
-  command -v gcc >/dev/null || die "gcc not found (nvidia-cdi-hook needs cgo: apt-get install gcc)"
-  mkdir -p "${dir}"
-  # One build at a time (parallel test runs share the cache); the winner's stamp ends it.
-  exec 8>"${dir}/.lock"
-  if ! flock -n 8; then
-    log "waiting for another build of nvidia-cdi-hook ${CDI_HOOK_VERSION}"
-    flock 8
-  fi
-  if [[ -f "${dir}/.stamp" && -x "${dir}/bin/nvidia-cdi-hook" ]]; then
-    return 0
-  fi
-  rm -rf "${dir}/bin.tmp"
-  mkdir -p "${dir}/bin.tmp"
+  local m=github.com/NVIDIA/nvidia-container-toolkit ld
   # As the toolkit's Makefile links its commands: NVML's symbols stay unresolved in the
   # binary (resolved lazily from the libnvidia-ml.so.1 it dlopens with RTLD_GLOBAL), and
-  # the version its --version prints.
+  # the version its --version prints. cgo: go-nvml calls NVML through C stubs.
   ld="-s -w '-extldflags=-Wl,--export-dynamic -Wl,--unresolved-symbols=ignore-in-object-files -Wl,-z,lazy'"
   ld+=" -X ${m}/internal/info.version=${CDI_HOOK_VERSION#v}"
   ld+=" -X ${m}/internal/info.gitCommit=module-${CDI_HOOK_VERSION}"
-  start=$SECONDS
-  # `go install pkg@version` builds with the module's own go.mod/go.sum (it has no replace
-  # or exclude directives), so every machine gets the same dependency set.
-  CGO_ENABLED=1 GOFLAGS="${GOFLAGS:-} -buildvcs=false" GOBIN="${dir}/bin.tmp" \
-    run_with_progress "building nvidia-cdi-hook (${m} ${CDI_HOOK_VERSION})" \
-    "${dir}/build.log" \
-    timeout "${BUILD_TIMEOUT_S}" go install -trimpath -ldflags="${ld}" \
-    "${m}/cmd/nvidia-cdi-hook@${CDI_HOOK_VERSION}"
-  "${dir}/bin.tmp/nvidia-cdi-hook" --version >/dev/null \
-    || die "the built nvidia-cdi-hook does not run"
-  rm -rf "${dir:?}/bin"
-  mv "${dir}/bin.tmp" "${dir}/bin"
-  echo "built $(date -u +%FT%TZ) in $((SECONDS - start))s" >"${dir}/.stamp"
-  log "nvidia-cdi-hook ${CDI_HOOK_VERSION} in ${dir}/bin ($(cat "${dir}/.stamp"))"
+  go_tool_build nvidia-cdi-hook "$(hook_dir)" "${m}/cmd/nvidia-cdi-hook@${CDI_HOOK_VERSION}" \
+    1 "${ld}" "${BUILD_TIMEOUT_S}"
 }
 
 main() {

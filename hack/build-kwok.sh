@@ -19,6 +19,8 @@ HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 LOG_PREFIX=build-kwok
 # shellcheck source=hack/lib/common.sh
 . "${HACK_DIR}/lib/common.sh"
+# shellcheck source=hack/lib/gotool.sh
+. "${HACK_DIR}/lib/gotool.sh"
 CACHE_DIR="${GPU_SHARE_CACHE:-$HOME/.cache/gpu-share}"
 # v0.8.0: its go.mod says go 1.26.0 (the pinned toolchain is 1.26.x) and it is built on
 # client-go v0.36, one minor ahead of the local v1.35 API server (inside the supported
@@ -30,38 +32,10 @@ BUILD_TIMEOUT_S="${KWOK_BUILD_TIMEOUT_S:-1500}"
 kwok_dir() { echo "${CACHE_DIR}/kwok-${KWOK_VERSION}"; }
 
 build_kwok() {
-  local dir m=sigs.k8s.io/kwok ld start
-  dir="$(kwok_dir)"
-  if [[ -f "${dir}/.stamp" && -x "${dir}/bin/kwok" ]]; then
-    return 0
-  fi
-  command -v go >/dev/null || die "go not found in PATH (needed to build kwok)"
-  mkdir -p "${dir}"
-  # One build at a time (parallel test runs share the cache); the winner's stamp ends it.
-  exec 8>"${dir}/.lock"
-  if ! flock -n 8; then
-    log "waiting for another build of kwok ${KWOK_VERSION}"
-    flock 8
-  fi
-  if [[ -f "${dir}/.stamp" && -x "${dir}/bin/kwok" ]]; then
-    return 0
-  fi
-  rm -rf "${dir}/bin.tmp"
-  mkdir -p "${dir}/bin.tmp"
-  # The same version stamp kwok's own release script sets.
-  ld="-s -w -X ${m}/pkg/consts.Version=${KWOK_VERSION#v}"
-  start=$SECONDS
-  # `go install pkg@version` builds with the module's own go.mod/go.sum, so every machine
-  # gets the same dependency set; CGO_ENABLED=0: a static binary, no C toolchain needed.
-  CGO_ENABLED=0 GOFLAGS="${GOFLAGS:-} -buildvcs=false" GOBIN="${dir}/bin.tmp" \
-    run_with_progress "building kwok ${KWOK_VERSION} (${m})" "${dir}/build.log" \
-    timeout "${BUILD_TIMEOUT_S}" go install -trimpath -ldflags="${ld}" \
-    "${m}/cmd/kwok@${KWOK_VERSION}"
-  "${dir}/bin.tmp/kwok" --version >/dev/null || die "the built kwok does not run"
-  rm -rf "${dir:?}/bin"
-  mv "${dir}/bin.tmp" "${dir}/bin"
-  echo "built $(date -u +%FT%TZ) in $((SECONDS - start))s" >"${dir}/.stamp"
-  log "kwok ${KWOK_VERSION} in ${dir}/bin ($(cat "${dir}/.stamp"))"
+  local m=sigs.k8s.io/kwok
+  # The same version stamp kwok's own release script sets; a static binary (no cgo).
+  go_tool_build kwok "$(kwok_dir)" "${m}/cmd/kwok@${KWOK_VERSION}" 0 \
+    "-s -w -X ${m}/pkg/consts.Version=${KWOK_VERSION#v}" "${BUILD_TIMEOUT_S}"
 }
 
 main() {

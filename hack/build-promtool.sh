@@ -19,6 +19,8 @@ HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 LOG_PREFIX=build-promtool
 # shellcheck source=hack/lib/common.sh
 . "${HACK_DIR}/lib/common.sh"
+# shellcheck source=hack/lib/gotool.sh
+. "${HACK_DIR}/lib/gotool.sh"
 CACHE_DIR="${GPU_SHARE_CACHE:-$HOME/.cache/gpu-share}"
 # The newest module whose go.mod (go 1.26.7) the pinned Go toolchain (1.26.x) reads.
 PROMETHEUS_MODULE_VERSION="${PROMETHEUS_MODULE_VERSION:-v0.316.0}"
@@ -36,43 +38,14 @@ prometheus_version() {
 promtool_dir() { echo "${CACHE_DIR}/promtool-$(prometheus_version)"; }
 
 build_promtool() {
-  local dir m=github.com/prometheus/prometheus version ld start
-  dir="$(promtool_dir)"
-  if [[ -f "${dir}/.stamp" && -x "${dir}/bin/promtool" ]]; then
-    return 0
-  fi
-  command -v go >/dev/null || die "go not found in PATH (needed to build promtool)"
+  local m=github.com/prometheus/prometheus version ld
   version="$(prometheus_version)"
-  mkdir -p "${dir}"
-  # One build at a time (parallel test runs share the cache); the winner's stamp ends it.
-  exec 8>"${dir}/.lock"
-  if ! flock -n 8; then
-    log "waiting for another build of promtool ${version}"
-    flock 8
-  fi
-  if [[ -f "${dir}/.stamp" && -x "${dir}/bin/promtool" ]]; then
-    return 0
-  fi
-  rm -rf "${dir}/bin.tmp"
-  mkdir -p "${dir}/bin.tmp"
   ld="-s -w -X github.com/prometheus/common/version.Version=${version}"
   ld+=" -X github.com/prometheus/common/version.Revision=module-${PROMETHEUS_MODULE_VERSION}"
   ld+=" -X github.com/prometheus/common/version.Branch=module"
-  start=$SECONDS
-  # `go install pkg@version` builds with the module's own go.mod/go.sum (no replace or
-  # exclude directives in it), so every machine gets the same dependency set.
-  # CGO_ENABLED=0: a static binary, no C toolchain needed.
-  # shellcheck disable=SC2016 # the inner script expands its own positional parameters
-  CGO_ENABLED=0 GOFLAGS="${GOFLAGS:-} -buildvcs=false" GOBIN="${dir}/bin.tmp" \
-    run_with_progress "building promtool ${version} (${m} ${PROMETHEUS_MODULE_VERSION})" \
-    "${dir}/build.log" \
-    timeout "${BUILD_TIMEOUT_S}" go install -trimpath -ldflags="${ld}" \
-    "${m}/cmd/promtool@${PROMETHEUS_MODULE_VERSION}"
-  "${dir}/bin.tmp/promtool" --version >/dev/null || die "the built promtool does not run"
-  rm -rf "${dir:?}/bin"
-  mv "${dir}/bin.tmp" "${dir}/bin"
-  echo "built $(date -u +%FT%TZ) in $((SECONDS - start))s" >"${dir}/.stamp"
-  log "promtool ${version} in ${dir}/bin ($(cat "${dir}/.stamp"))"
+  # A static binary (no cgo).
+  go_tool_build promtool "$(promtool_dir)" "${m}/cmd/promtool@${PROMETHEUS_MODULE_VERSION}" 0 \
+    "${ld}" "${BUILD_TIMEOUT_S}"
 }
 
 main() {
