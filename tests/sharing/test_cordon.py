@@ -13,7 +13,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpu_share.errors import AllocationError
-from gpu_share.sharing.annotations import InventoryAnnotation, InventoryDevice
+from gpu_share.sharing.annotations import (
+    InventoryAnnotation,
+    InventoryDevice,
+    inventory_annotation,
+)
 from gpu_share.sharing.cordon import (
     MALFORMED,
     MAX_CORDONS,
@@ -187,13 +191,13 @@ def test_running_slices_stay_and_the_inventory_says_cordoned() -> None:
     e.allocate(MEM, pref.ids, ctx(p))
     e.set_cordons([dev])
     assert e.ledger.pod_entries(("default", "p"))  # still held
-    view = {d.id: d for d in e.inventory_view("n1").devices}
+    view = {d.id: d for d in inventory_annotation("n1", e.inventory, e.usage()).devices}
     assert view[dev].cordoned and view[dev].healthy and view[dev].memory_used == 2
     assert not any(d.cordoned for i, d in view.items() if i != dev)
     # Encoded only where true, and read back.
-    text = e.inventory_view("n1").encode()
+    text = inventory_annotation("n1", e.inventory, e.usage()).encode()
     assert json.loads(text)["devices"][0].get("cordoned") is (True if dev == "GPU-0" else None)
-    assert InventoryAnnotation.decode(text) == e.inventory_view("n1")
+    assert InventoryAnnotation.decode(text) == inventory_annotation("n1", e.inventory, e.usage())
 
 
 def test_unit_size_change_keeps_the_cordon() -> None:

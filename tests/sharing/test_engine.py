@@ -8,6 +8,7 @@ from gpu_share.agent.response import build_allocate_spec
 from gpu_share.config.model import DeviceListStrategy, EnforcementMode, RuntimeConfig
 from gpu_share.devices.base import DeviceNode, RuntimeNaming
 from gpu_share.errors import AllocationError, IdentityError
+from gpu_share.sharing.annotations import inventory_annotation, pod_assignment
 from gpu_share.sharing.engine import CallContext
 from gpu_share.sharing.ids import parse_unit_id
 from gpu_share.sharing.ledger import EntrySource, EntryState, Ledger
@@ -298,12 +299,12 @@ def test_reconcile_releases_after_grace_or_when_gone() -> None:
 def test_inventory_and_assignment_views() -> None:
     s = sim()
     assert s.admit(pod("a", ctr("c", mem=3, cores=30)))
-    inv = s.engine.inventory_view("node-1")
+    inv = inventory_annotation("node-1", s.engine.inventory, s.engine.usage())
     used = [(d.memory_used, d.cores_used) for d in inv.devices]
     assert sorted(used) == [(0, 0), (0, 0), (3, 30)]
-    a = s.engine.assignment_of("default", "a")
+    a = pod_assignment(s.engine.ledger, "default", "a")
     assert a is not None and a.containers["c"].devices[0].memory_units == 3
-    assert s.engine.assignment_of("default", "nope") is None
+    assert pod_assignment(s.engine.ledger, "default", "nope") is None
 
 
 # ---------------------------------------------------------------- response

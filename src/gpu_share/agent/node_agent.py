@@ -49,6 +49,7 @@ from gpu_share.errors import (
     KubeAccessError,
 )
 from gpu_share.observability.loops import LoopSupervisor
+from gpu_share.sharing.annotations import inventory_annotation
 from gpu_share.sharing.engine import (
     Allocation,
     AllocationEngine,
@@ -553,7 +554,8 @@ class NodeAgent:
 
     def _node_annotations(self) -> Mapping[str, str | None]:
         with self._lock:
-            doc = self._engine().inventory_view(self.cfg.node_name)
+            engine = self._engine()
+            doc = inventory_annotation(self.cfg.node_name, engine.inventory, engine.usage())
         return node_annotations(self.cfg.resources.domain, doc, self.enforcement)
 
     def _pod_annotations(self, namespace: str, name: str) -> Mapping[str, str | None] | None:

@@ -19,6 +19,7 @@ from gpu_share.sharing.annotations import (
     encode_inventory,
     enforcement_key,
     inventory_key,
+    pod_assignment,
 )
 from gpu_share.sharing.decision import PREVIOUS_KEY_FILE
 from gpu_share.sharing.engine import AllocationEngine
@@ -49,7 +50,7 @@ def pod_annotations(domain: str, engine: AllocationEngine, node_name: str, names
     extender's view can tell it from a tenant's copy; unsigned (and ignored by the view)
     while the uid is unknown (degraded) or ambiguous. Under the agent's lock."""
     key = assignment_key(domain)
-    doc = engine.assignment_of(namespace, name)
+    doc = pod_assignment(engine.ledger, namespace, name)
     if doc is None:
         return {key: None}
     uids = {e.ref.pod_uid for e in engine.ledger.pod_entries((namespace, name))}

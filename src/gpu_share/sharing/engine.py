@@ -22,12 +22,6 @@ from typing import Literal
 from gpu_share.config.model import PlacementPolicyName
 from gpu_share.errors import AllocationError, AllocationReason, IdentityError
 from gpu_share.sharing import choose, identity, reconcile
-from gpu_share.sharing.annotations import (
-    ContainerAssignment,
-    InventoryAnnotation,
-    InventoryDevice,
-    PodAssignment,
-)
 from gpu_share.sharing.decision import DecisionError, decision_key, under_any_key, verify
 from gpu_share.sharing.degraded import BlindChoice, BlindPairing
 from gpu_share.sharing.inventory import Inventory
@@ -162,52 +156,14 @@ class AllocationEngine:
     def usage(self) -> dict[str, DeviceUsage]:
         return self.ledger.usage(self._inventory)
 
-    def inventory_view(self, node: str) -> InventoryAnnotation:
-        """Content of the node's inventory annotation (used = held + reserved)."""
-        usage = self.usage()
-        return InventoryAnnotation(
-            node,
-            self._inventory.unit_mib,
-            tuple(
-                InventoryDevice(
-                    d.uuid,
-                    d.index,
-                    d.model,
-                    d.memory_units,
-                    usage[d.uuid].memory_used,
-                    d.cores,
-                    usage[d.uuid].cores_used,
-                    d.healthy,
-                    d.numa_node,
-                    self._inventory.is_cordoned(d.uuid),
-                )
-                for d in self._inventory.devices
-            ),
-        )
-
-    def assignment_of(self, namespace: str, name: str) -> PodAssignment | None:
-        """Content of the pod's assignment annotation; None when we hold nothing for it."""
-        entries = self.ledger.pod_entries((namespace, name))
-        if not entries:
-            return None
-        return PodAssignment(
-            {e.ref.container_name: ContainerAssignment(e.shares, e.source.value) for e in entries}
-        )
-
     # ------------------------------------------------------------------ context
     def context_needs(self, pr: PodResourcesView) -> list[PodKey]:
         """Pods whose PodView the agent must fetch (``views.PodViews.needs``)."""
         return self._views.needs(pr, self.resources)
 
     # ------------------------------------------------------------------ GPA
-    def preferred(
-        self,
-        kind: ResourceKind,
-        available: Sequence[str],
-        must_include: Sequence[str],
-        size: int,
-        ctx: CallContext,
-    ) -> Preferred:
+    def preferred(self, kind: ResourceKind, available: Sequence[str],
+                  must_include: Sequence[str], size: int, ctx: CallContext) -> Preferred:
         avail = check_preferred(self._inventory, kind, available, must_include, size)
         notes = self._begin(ctx, keep=None)
         notes += self._release_stale(kind, avail.members.difference(must_include), None)
@@ -244,12 +200,8 @@ class AllocationEngine:
         )
 
     # ------------------------------------------------------------------ reconcile
-    def reconcile(
-        self,
-        pr: PodResourcesView | None,
-        pods: Mapping[PodKey, PodView | None] | None,
-        now: float,
-    ) -> ReconcileResult:
+    def reconcile(self, pr: PodResourcesView | None,
+                  pods: Mapping[PodKey, PodView | None] | None, now: float) -> ReconcileResult:
         """Align the ledger with what the kubelet holds. See docs/allocation.md.
         Abandoned offers expire even when PodResources is unreachable (``pr`` None)."""
         released = self.expire_offers(now)
