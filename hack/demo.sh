@@ -6,6 +6,10 @@
 #
 #   hack/demo.sh            run the demo (first run builds Kubernetes and the image:
 #                           see docs/local-cluster.md and docs/e2e.md)
+#   GPU_SHARE_DEMO_MODE=dra hack/demo.sh
+#                           the same pool as a DRA driver: it publishes a ResourceSlice
+#                           and the pods hold ResourceClaims (from templates) instead
+#                           of extended resources
 #   hack/demo.sh clean      delete the demo pods and uninstall the chart (cluster stays up)
 #
 # The local cluster is shared: every use of it holds /tmp/gpu-share-cluster.lock
@@ -21,6 +25,12 @@ NS=gpu-share-demo
 AGENT_NS=gpu-share
 RELEASE=gpu-share
 VALUES=(-f values-examples/dummy-npu.yaml -f values-examples/local-cluster.yaml)
+MODE="${GPU_SHARE_DEMO_MODE:-device-plugin}"
+case "${MODE}" in
+  device-plugin) ;;
+  dra) VALUES+=(--set agentConfig.dra.enabled=true) ;;
+  *) die "GPU_SHARE_DEMO_MODE must be device-plugin or dra, not ${MODE}" ;;
+esac
 
 step() { echo; echo "== $*"; }
 
@@ -71,18 +81,41 @@ echo "agent pod $AGENT_NS/$AGENT (ServiceAccount $(kubectl -n "$AGENT_NS" get po
   -o jsonpath='{.spec.containers[0].image}'))"
 
 node_memory() { kubectl get node "$NODE_NAME" -o jsonpath='{.status.allocatable.vendor\.com/vcuda-memory}'; }
-registered() { local m; m=$(node_memory); [[ -n "$m" && "$m" != 0 ]]; }
+node_slice() {
+  kubectl get resourceslices -o jsonpath="{range .items[?(@.spec.nodeName=='$NODE_NAME')]}{.spec.driver} {.spec.devices[*].name}{'\n'}{end}"
+}
+registered() {
+  local m
+  if [[ "${MODE}" == dra ]]; then [[ -n "$(node_slice)" ]]; return; fi
+  m=$(node_memory); [[ -n "$m" && "$m" != 0 ]]
+}
 wait_until 60 registered || true
-mem=$(node_memory)
-echo "node $NODE_NAME allocatable: vendor.com/vcuda-memory=$mem vendor.com/vcuda-core=$(
-  kubectl get node "$NODE_NAME" -o jsonpath='{.status.allocatable.vendor\.com/vcuda-core}')"
-[[ -n "$mem" && "$mem" != 0 ]] || { echo "agent did not register:"; kubectl -n "$AGENT_NS" logs "$AGENT" | tail -20; exit 1; }
+if [[ "${MODE}" == dra ]]; then
+  echo "ResourceSlice of $NODE_NAME (driver, devices): $(node_slice)"
+else
+  echo "node $NODE_NAME allocatable: vendor.com/vcuda-memory=$(node_memory) vendor.com/vcuda-core=$(
+    kubectl get node "$NODE_NAME" -o jsonpath='{.status.allocatable.vendor\.com/vcuda-core}')"
+fi
+registered || { echo "agent did not register:"; kubectl -n "$AGENT_NS" logs "$AGENT" | tail -20; exit 1; }
 
 kubectl delete namespace "$NS" --ignore-not-found --wait=true >/dev/null
 kubectl create namespace "$NS" >/dev/null
-pod() {  # name memory cores
-  local cores=""
-  [[ "$3" != 0 ]] && cores="vendor.com/vcuda-core: $3"
+# What each container prints: what it was handed (env and device nodes).
+# shellcheck disable=SC2016 # expanded by the container's shell
+SEEN='echo "seen: DUMMY_VISIBLE_DEVICES=$DUMMY_VISIBLE_DEVICES memory=${GPU_SHARE_MEMORY_LIMIT_MIB:-unlimited}MiB cores=${GPU_SHARE_CORE_PERCENT:-shared}% /dev: $(cd /dev && echo dummy-npu[0-9]*)"; sleep 3600'
+container() {  # the demo container; $1: its resources (YAML flow mapping)
+  cat <<EOF
+  containers:
+    - name: main
+      image: $BUSYBOX_IMAGE
+      imagePullPolicy: Never
+      command: [sh, -c, $(printf '%s' "$SEEN" | python3 -c 'import json,sys; print(json.dumps(sys.stdin.read()))')]
+      resources: $1
+EOF
+}
+pod() {  # name memory cores: extended resources (device-plugin mode)
+  local limits="vendor.com/vcuda-memory: $2"
+  [[ "$3" != 0 ]] && limits="$limits, vendor.com/vcuda-core: $3"
   cat <<EOF
 apiVersion: v1
 kind: Pod
@@ -90,28 +123,61 @@ metadata: {name: $1, namespace: $NS}
 spec:
   restartPolicy: Never
   terminationGracePeriodSeconds: 1
-  containers:
-    - name: main
-      image: $BUSYBOX_IMAGE
-      imagePullPolicy: Never
-      command: [sh, -c, 'echo "seen: DUMMY_VISIBLE_DEVICES=\$DUMMY_VISIBLE_DEVICES memory=\${GPU_SHARE_MEMORY_LIMIT_MIB:-unlimited}MiB cores=\${GPU_SHARE_CORE_PERCENT:-shared}% /dev: \$(cd /dev && echo dummy-npu[0-9]*)"; sleep 3600']
-      resources:
-        limits:
-          vendor.com/vcuda-memory: $2
-          $cores
+$(container "{limits: {$limits}}")
 ---
 EOF
 }
-step "creating pods (vendor.com/vcuda-memory: 4, some with vendor.com/vcuda-core)"
-{ pod train-a 4 30; pod train-b 4 30; pod infer-c 4 0; pod infer-d 4 50; pod infer-e 4 0; } \
-  | kubectl apply -f -
+claim_pod() {  # name memory cores: a ResourceClaim from a template of that shape (DRA)
+  local caps="memory: $(( $2 * 1024 ))Mi"
+  [[ "$3" != 0 ]] && caps="$caps, cores: \"$3\""
+  cat <<EOF
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: $1, namespace: $NS}
+spec:
+  spec:
+    devices:
+      requests:
+        - name: slice
+          exactly:
+            deviceClassName: gpu-share.vendor.com
+            count: 1
+            capacity: {requests: {$caps}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: $1, namespace: $NS}
+spec:
+  restartPolicy: Never
+  terminationGracePeriodSeconds: 1
+  resourceClaims: [{name: slice, resourceClaimTemplateName: $1}]
+$(container "{claims: [{name: slice}]}")
+---
+EOF
+}
+if [[ "${MODE}" == dra ]]; then
+  step "creating pods, each with a ResourceClaim (device class gpu-share.vendor.com; capacity memory, cores)"
+  make_pod=claim_pod
+else
+  step "creating pods (vendor.com/vcuda-memory: 4, some with vendor.com/vcuda-core)"
+  make_pod=pod
+fi
+{ $make_pod train-a 4 30; $make_pod train-b 4 30; $make_pod infer-c 4 0; $make_pod infer-d 4 50
+  $make_pod infer-e 4 0; } | kubectl apply -f -
 kubectl -n "$NS" wait --for=condition=Ready pod --all --timeout=120s
 
-step "slices recorded by the agent (kubectl exec $AGENT -- gpu-share slices --node $NODE_NAME)"
-slices() { kubectl -n "$AGENT_NS" exec "$AGENT" -c agent -- gpu-share slices --node "$NODE_NAME"; }
-all_recorded() { [[ $(slices | grep -c "^$NS/") -ge 5 ]]; }
-wait_until 10 all_recorded || true
-slices
+if [[ "${MODE}" == dra ]]; then
+  step "claims and the device each was allocated (kubectl get resourceclaims)"
+  kubectl -n "$NS" get resourceclaims \
+    -o jsonpath='{range .items[*]}{.metadata.name}{"  "}{.status.allocation.devices.results[*].device}{"\n"}{end}'
+fi
+if [[ "${MODE}" != dra ]]; then
+  step "slices recorded by the agent (kubectl exec $AGENT -- gpu-share slices --node $NODE_NAME)"
+  slices() { kubectl -n "$AGENT_NS" exec "$AGENT" -c agent -- gpu-share slices --node "$NODE_NAME"; }
+  all_recorded() { [[ $(slices | grep -c "^$NS/") -ge 5 ]]; }
+  wait_until 10 all_recorded || true
+  slices
+fi
 step "what each container saw (its own environment)"
 for p in $(kubectl -n "$NS" get pods -o jsonpath='{.items[*].metadata.name}'); do
   printf '%-10s %s\n' "$p" "$(kubectl -n "$NS" logs "$p" | head -1)"
