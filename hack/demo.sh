@@ -113,19 +113,16 @@ container() {  # the demo container; $1: its resources (YAML flow mapping)
       resources: $1
 EOF
 }
+pod_head() {  # name
+  printf 'apiVersion: v1\nkind: Pod\nmetadata: {name: %s, namespace: %s}\n' "$1" "$NS"
+  printf 'spec:\n  restartPolicy: Never\n  terminationGracePeriodSeconds: 1\n'
+}
 pod() {  # name memory cores: extended resources (device-plugin mode)
   local limits="vendor.com/vcuda-memory: $2"
   [[ "$3" != 0 ]] && limits="$limits, vendor.com/vcuda-core: $3"
-  cat <<EOF
-apiVersion: v1
-kind: Pod
-metadata: {name: $1, namespace: $NS}
-spec:
-  restartPolicy: Never
-  terminationGracePeriodSeconds: 1
-$(container "{limits: {$limits}}")
----
-EOF
+  pod_head "$1"
+  container "{limits: {$limits}}"
+  echo ---
 }
 claim_pod() {  # name memory cores: a ResourceClaim from a template of that shape (DRA)
   local caps="memory: $(( $2 * 1024 ))Mi"
@@ -144,16 +141,11 @@ spec:
             count: 1
             capacity: {requests: {$caps}}
 ---
-apiVersion: v1
-kind: Pod
-metadata: {name: $1, namespace: $NS}
-spec:
-  restartPolicy: Never
-  terminationGracePeriodSeconds: 1
-  resourceClaims: [{name: slice, resourceClaimTemplateName: $1}]
-$(container "{claims: [{name: slice}]}")
----
 EOF
+  pod_head "$1"
+  echo "  resourceClaims: [{name: slice, resourceClaimTemplateName: $1}]"
+  container "{claims: [{name: slice}]}"
+  echo ---
 }
 if [[ "${MODE}" == dra ]]; then
   step "creating pods, each with a ResourceClaim (device class gpu-share.vendor.com; capacity memory, cores)"
