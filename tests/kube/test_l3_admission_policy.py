@@ -318,6 +318,9 @@ RESERVED = [
     "CUDA_OVERSUBSCRIBE",
     "CUDA_REDIRECT",
     "LD_AUDIT",
+    # What NVIDIA's apply-cuda-memory-limits hook reads (the nvidia-memory-limits mode).
+    "NVIDIA_GPU_MEMORY_REQUEST",
+    "NVIDIA_GPU_MEMORY_LIMIT",
 ]
 
 
