@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from tests.agent.served_agent import kill_if_running, spawn_agent
+from tests.harness.wait import poll
 from tests.support.host_agent import agent_argv
-from tests.support.kubelet_stub import FakePodResources, KubeletStub, wait_until
+from tests.support.kubelet_stub import FakePodResources, KubeletStub
 
 
 def test_serves_registers_and_cleans_up_on_sigterm(workdir: Path) -> None:
@@ -33,7 +34,7 @@ def test_serves_registers_and_cleans_up_on_sigterm(workdir: Path) -> None:
         ]
         client = kubelet.plugin("gpu-share-vcuda-memory.sock").watch()
         assert len(client.wait_for_list(lambda ds: len(ds) > 0)) == 4 * 16
-        ready = wait_until(lambda: _get("http://127.0.0.1:19431/readyz") == 200, 10)
+        ready = poll(lambda: _get("http://127.0.0.1:19431/readyz") == 200, 10)
         assert ready
         body = urllib.request.urlopen("http://127.0.0.1:19431/metrics", timeout=5).read()
         assert b"gpu_share_registrations_total" in body
@@ -116,7 +117,7 @@ def _sigterm_and_time(proc: subprocess.Popen[str]) -> tuple[float, str]:
 
 def _wait_for_sockets(d: Path, proc: subprocess.Popen[str]) -> None:
     ours = {"gpu-share-vcuda-core.sock", "gpu-share-vcuda-memory.sock"}
-    ok = wait_until(
+    ok = poll(
         lambda: proc.poll() is not None or ours <= {p.name for p in (d / "dp").iterdir()}, 30
     )
     assert ok and proc.poll() is None, proc.stdout.read() if proc.stdout else ""
@@ -187,7 +188,7 @@ def test_sigterm_during_a_kubelet_call_exits_within_5s(workdir: Path) -> None:
                 client.allocate(ids[:2])
 
         threading.Thread(target=allocate, daemon=True).start()
-        assert wait_until(lambda: pr.calls["List"] > before, 10)  # the call is in flight
+        assert poll(lambda: pr.calls["List"] > before, 10)  # the call is in flight
         took, out = _sigterm_and_time(proc)
         assert proc.returncode == 0, out
         assert took < EXIT_BOUND_S, (took, out[-3000:])
@@ -240,7 +241,7 @@ def test_sigterm_while_waiting_for_the_api_server_exits_within_5s(workdir: Path)
     )
     try:
         _wait_for_sockets(workdir, proc)
-        assert wait_until(lambda: len(hole.accepted) >= 1, 20), "the agent never called"
+        assert poll(lambda: len(hole.accepted) >= 1, 20), "the agent never called"
         time.sleep(0.5)
         took, out = _sigterm_and_time(proc)
         assert proc.returncode == 0, out

@@ -24,7 +24,8 @@ from gpu_share.kube.resourceclaims import ClaimNotFoundError
 from gpu_share.sharing.model import DeviceShare
 from tests.agent.served_agent import kill_if_running, spawn_agent
 from tests.dra.conftest import Kubelet as DraKubelet
-from tests.support.kubelet_stub import FakePodResources, KubeletStub, wait_until
+from tests.harness.wait import poll
+from tests.support.kubelet_stub import FakePodResources, KubeletStub
 
 DRIVER = "gpu-share.vendor.com"
 UID_A = "0a000000-0000-4000-8000-00000000000a"
@@ -221,7 +222,7 @@ def test_a_leftover_claim_holds_its_devices_until_the_kubelet_unprepares_it(
         assert not spec.exists() and not (plugin / CHECKPOINT_FILE).exists()
         healthy = client.wait_for_list(lambda ds: len(ds) > 0 and all(d.healthy for d in ds), 15)
         assert healthy
-        assert wait_until(lambda: not (reg / f"{DRIVER}-reg.sock").exists(), 45)
+        assert poll(lambda: not (reg / f"{DRIVER}-reg.sock").exists(), 45)
     finally:
         dra.close()
         kill_if_running(proc)

@@ -21,7 +21,7 @@ from gpu_share.observability.metrics import Metrics
 from gpu_share.sharing.dra_slices import SliceContent
 from gpu_share.sharing.inventory import Inventory
 from tests.agent.served_agent import agent_config
-from tests.support.kubelet_stub import wait_until
+from tests.harness.wait import poll
 
 FAST = Backoff(0.01, 0.05)
 DRIVER = "gpu-share.vendor.com"
@@ -126,14 +126,14 @@ def test_supervised_loop_retries_with_backoff_and_counts_failures() -> None:
     loop = loop_over(holder, sink, on_error=pm.kube_error, wait_for_change=feed.wait_for_change)
     thread = loop.start(supervisor)
     try:
-        assert wait_until(lambda: len(sink.published) == 1, 5)
+        assert poll(lambda: len(sink.published) == 1, 5)
         assert metrics.registry.get_sample_value(
             "gpu_share_loop_errors_total", {"loop": DRA_SLICES_LOOP}) == 3
         assert metrics.registry.get_sample_value(
             "gpu_share_kube_errors_total", {"op": KUBE_OP}) == 3
         holder[0] = inventory(0)
         feed.bump()
-        assert wait_until(lambda: sink.devices()[-1] == ["gpu-1"], 5)
+        assert poll(lambda: sink.devices()[-1] == ["gpu-1"], 5)
         assert supervisor.alive()
     finally:
         assert loop.stop(remove=True, timeout_s=5)
@@ -159,10 +159,10 @@ def test_changed_wakes_a_loop_without_a_feed() -> None:
     loop = loop_over(holder, sink)
     loop.start(LoopSupervisor(backoff=FAST))
     try:
-        assert wait_until(lambda: len(sink.published) == 1, 5)
+        assert poll(lambda: len(sink.published) == 1, 5)
         holder[0] = inventory(0, 1)
         loop.changed()
-        assert wait_until(lambda: sink.devices()[-1:] == [[]], 5)
+        assert poll(lambda: sink.devices()[-1:] == [[]], 5)
     finally:
         loop.stop(remove=False)
 
@@ -182,11 +182,11 @@ def test_follows_a_real_agents_health(workdir: Path) -> None:
     )
     loop.start(agent.loops)
     try:
-        assert wait_until(lambda: sink.devices()[-1:] == [["gpu-0", "gpu-1"]], 5)
+        assert poll(lambda: sink.devices()[-1:] == [["gpu-0", "gpu-1"]], 5)
         write_faults(cfg.dummy.fault_file, [0])
-        assert wait_until(lambda: sink.devices()[-1:] == [["gpu-1"]], 5)
+        assert poll(lambda: sink.devices()[-1:] == [["gpu-1"]], 5)
         write_faults(cfg.dummy.fault_file, [])
-        assert wait_until(lambda: sink.devices()[-1:] == [["gpu-0", "gpu-1"]], 5)
+        assert poll(lambda: sink.devices()[-1:] == [["gpu-0", "gpu-1"]], 5)
         assert len(sink.published) == 3  # one write per change, none in between
     finally:
         loop.stop(remove=True)

@@ -50,12 +50,12 @@ from tests.agent.served_agent import (
     scratch_dir,
     spawn_agent,
 )
+from tests.harness.wait import poll
 from tests.support.kubelet_stub import (
     FakePodResources,
     KubeletStub,
     PluginClient,
     fast_plugin_settings,
-    wait_until,
 )
 
 
@@ -425,7 +425,7 @@ def test_disk_always_holds_the_ledger_in_memory(node: Node) -> None:
     def folded() -> bool:
         return len(json.loads(node.ledger.read_text())["entries"]) == 5
 
-    assert wait_until(folded, timeout_s=10)
+    assert poll(folded, timeout_s=10)
     assert len(agent.engine.ledger.entries) == 5
 
 
@@ -448,7 +448,7 @@ def test_plugin_process_with_a_corrupt_ledger_registers(node: Node) -> None:
         except TimeoutError:
             proc.kill()
             pytest.fail(f"no registration; exit {proc.wait(5)}: {proc.communicate()[0]}")
-        assert wait_until(lambda: b"ledger_quarantined_total" in _metrics(port), 10)
+        assert poll(lambda: b"ledger_quarantined_total" in _metrics(port), 10)
         assert (
             b'gpu_share_ledger_quarantined_total{reason="LedgerMalformed"} 1.0' in _metrics(port)
         )

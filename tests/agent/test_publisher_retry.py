@@ -12,7 +12,7 @@ from gpu_share.agent import publisher as publisher_mod
 from gpu_share.agent.publisher import BackgroundPublisher
 from gpu_share.errors import KubeAccessError
 from gpu_share.observability.loops import LoopSupervisor
-from tests.support.kubelet_stub import wait_until
+from tests.harness.wait import poll
 
 
 class _FlakyApi:
@@ -77,10 +77,10 @@ def test_failed_annotations_are_written_when_the_server_is_back(
         pub.pod_changed("ns", "p0")
         pub.node_changed()
         pub.event("ns", "p0", reason="Degraded", message="m", warning=True)
-        assert wait_until(lambda: api.calls >= 6, 5)  # tried, then tried again (backoff)
+        assert poll(lambda: api.calls >= 6, 5)  # tried, then tried again (backoff)
         assert api.pods == [] and api.nodes == []
         api.down.clear()
-        assert wait_until(lambda: bool(api.pods and api.nodes), 5)
+        assert poll(lambda: bool(api.pods and api.nodes), 5)
         assert api.pods == [("ns", "p0", {"assign": "ns/p0"})]
         assert api.nodes == [{"inv": "1"}]
         assert api.events == []  # the Event was dropped with the outage, not replayed

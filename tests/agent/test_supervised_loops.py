@@ -26,7 +26,7 @@ from gpu_share.observability.metrics import Metrics
 from gpu_share.sharing.ids import parse_unit_id
 from gpu_share.sharing.model import ResourceKind
 from tests.agent.served_agent import agent_config
-from tests.support.kubelet_stub import wait_until
+from tests.harness.wait import poll
 
 FAST = Backoff(0.01, 0.05)
 
@@ -62,9 +62,9 @@ def test_nested_array_fault_file_does_not_kill_the_health_loop(workdir: Path) ->
     agent.start()
     try:
         write_faults(cfg.dummy.fault_file, [0])
-        assert wait_until(lambda: _unhealthy_devices(agent) == {0}, 5)
+        assert poll(lambda: _unhealthy_devices(agent) == {0}, 5)
         Path(cfg.dummy.fault_file).write_text("[" * 100_000)
-        assert wait_until(lambda: backend.fault_file_error is not None, 5)
+        assert poll(lambda: backend.fault_file_error is not None, 5)
         assert "not valid JSON" in (backend.fault_file_error or "")
         # The previous fault state is kept, and the loop still beats.
         time.sleep(0.3)
@@ -73,9 +73,9 @@ def test_nested_array_fault_file_does_not_kill_the_health_loop(workdir: Path) ->
         assert all(t.is_alive() for t in agent._threads)
         # Fixed file: applied, both ways.
         write_faults(cfg.dummy.fault_file, [1])
-        assert wait_until(lambda: _unhealthy_devices(agent) == {1}, 5)
+        assert poll(lambda: _unhealthy_devices(agent) == {1}, 5)
         write_faults(cfg.dummy.fault_file, [])
-        assert wait_until(lambda: _unhealthy_devices(agent) == set(), 5)
+        assert poll(lambda: _unhealthy_devices(agent) == set(), 5)
     finally:
         agent.stop()
 
@@ -109,10 +109,10 @@ def test_a_raising_loop_is_restarted_and_counted(workdir: Path) -> None:
                       metrics=am, loops=LoopSupervisor(on_error=am.loop_error, backoff=FAST))
     agent.start()
     try:
-        assert wait_until(lambda: _errors(metrics, "health") == 3, 5)
+        assert poll(lambda: _errors(metrics, "health") == 3, 5)
         # Still polling after the failures: a fault written now is applied.
         write_faults(cfg.dummy.fault_file, [1])
-        assert wait_until(lambda: _unhealthy_devices(agent) == {1}, 5)
+        assert poll(lambda: _unhealthy_devices(agent) == {1}, 5)
         assert _errors(metrics, "health") == 3
     finally:
         agent.stop()
@@ -184,7 +184,7 @@ def test_agent_loops_beat_and_a_blocked_one_is_named(workdir: Path) -> None:
     try:
         assert sup.check()
         now[0] += 130.0  # past health's max age (2 polls + 120 s), within the others'
-        assert wait_until(lambda: {n for n, _, _ in sup.stale()} == {"health"}, 5)
+        assert poll(lambda: {n for n, _, _ in sup.stale()} == {"health"}, 5)
         with pytest.raises(LoopStalledError, match="loop health"):
             sup.check()
     finally:
@@ -229,7 +229,7 @@ def test_publisher_survives_a_raising_annotation_source_and_retries_it() -> None
     pub.start(sup)
     try:
         pub.node_changed()
-        assert wait_until(lambda: target.node == [{"k": "v"}], 5)  # the same change, retried
+        assert poll(lambda: target.node == [{"k": "v"}], 5)  # the same change, retried
         assert errors == ["publisher", "publisher"]
     finally:
         pub.stop(2.0)

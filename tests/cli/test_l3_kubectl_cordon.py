@@ -18,7 +18,6 @@ import contextlib
 import json
 import os
 import subprocess
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -36,21 +35,12 @@ from gpu_share.sharing.annotations import inventory_key
 from gpu_share.sharing.cordon import Cordon, cordon_key, parse_cordon
 from tests.chart.conftest import CHART, NAMESPACE, RELEASE, helm_path
 from tests.cli.objects import DOMAIN, node_obj
+from tests.harness.wait import until
 
 pytestmark = pytest.mark.apiserver
 
 POLICY_KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
 
-
-def until(cond: Callable[[], Any], timeout: float = 30.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        last = cond()
-        if last:
-            return last
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what or 'condition'} not met in {timeout}s")
-        time.sleep(0.1)
 
 
 def rendered() -> tuple[list[dict[str, Any]], dict[str, Any]]:

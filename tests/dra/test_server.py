@@ -18,6 +18,7 @@ from gpu_share.dra import sockets
 from gpu_share.dra.server import DraPluginServer, DraServeOptions
 from gpu_share.dra.sockets import DraServeError
 from tests.dra.conftest import DRIVER, FAST, FakePreparer, Kubelet
+from tests.harness.wait import poll
 
 UID = "0b6c2a9e-5f1d-4c1e-9a57-3f7e2d1c0a01"
 
@@ -25,14 +26,6 @@ UID = "0b6c2a9e-5f1d-4c1e-9a57-3f7e2d1c0a01"
 def _mode(path: Path) -> int:
     return stat.S_IMODE(path.lstat().st_mode)
 
-
-def _wait(predicate: Callable[[], bool], timeout_s: float = 5.0) -> bool:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
 
 
 def _server(sock_dir: Path, preparer: FakePreparer, **options: float) -> DraPluginServer:
@@ -206,7 +199,7 @@ def test_deleted_registration_socket_is_served_again(
     kubelet.register()
     old = sockets.socket_identity(plugin.registration_socket)
     plugin.registration_socket.unlink()
-    assert _wait(lambda: plugin.registration_socket.exists())
+    assert poll(lambda: plugin.registration_socket.exists())
     assert sockets.socket_identity(plugin.registration_socket) != old
     assert _mode(plugin.registration_socket) == 0o600
     # The kubelet sees a new socket and registers again.
@@ -227,7 +220,7 @@ def test_registration_socket_replaced_by_a_file_is_served_again(
 ) -> None:
     plugin.registration_socket.unlink()
     plugin.registration_socket.write_text("not a socket")
-    assert _wait(lambda: stat.S_ISSOCK(plugin.registration_socket.lstat().st_mode))
+    assert poll(plugin.registration_socket.is_socket)  # False while it is missing
     kubelet = Kubelet(plugin.registration_socket)
     try:
         assert kubelet.get_info().name == DRIVER
@@ -239,7 +232,7 @@ def test_deleted_dra_socket_is_served_again(
     plugin: DraPluginServer, kubelet: Kubelet
 ) -> None:
     plugin.dra_socket.unlink()
-    assert _wait(lambda: plugin.dra_socket.exists())
+    assert poll(lambda: plugin.dra_socket.exists())
     fresh = Kubelet(plugin.registration_socket)
     try:
         assert fresh.prepare("v1beta1", plugin.dra_socket, [("ns", "c", UID)]).claims[UID]

@@ -1,4 +1,5 @@
-"""The one poll helper of the cluster-level tests and benchmarks."""
+"""The one poll helper of the tests and benchmarks (``wait_until``), and its two short
+forms: ``until`` (raises when it times out) and ``poll`` (a bool)."""
 
 from __future__ import annotations
 
@@ -34,3 +35,14 @@ def wait_until(
                 f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})"
             )
         time.sleep(interval)
+
+
+def until(check: Callable[[], T], timeout: float = 30.0, what: str = "",
+          interval: float = 0.05) -> T:
+    """``wait_until`` with a default name: the value ``check`` returned, or raises."""
+    return wait_until(what or "condition", check, timeout, interval)
+
+
+def poll(check: Callable[[], object], timeout_s: float = 10.0, step_s: float = 0.01) -> bool:
+    """Whether ``check`` turned truthy within ``timeout_s`` (checked once more at the end)."""
+    return bool(wait_until("", check, timeout_s, step_s, fail=False))

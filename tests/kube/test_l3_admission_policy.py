@@ -21,7 +21,6 @@ import contextlib
 import json
 import os
 import subprocess
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ from gpu_share.kube.extender_rbac import EXTENDER_RULES
 from gpu_share.kube.rbac import AGENT_RULES
 from gpu_share.sharing.model_req import models_key
 from tests.chart.conftest import CHART, NAMESPACE, RELEASE, helm_path
+from tests.harness.wait import until
 
 pytestmark = pytest.mark.apiserver
 
@@ -60,18 +60,6 @@ SETS = (
     "agentConfig.runtime.enforcement=mps",
 )
 
-
-def until(cond: Callable[[], Any], timeout: float = 30.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    for _ in range(10_000):
-        last = cond()
-        if last:
-            return last
-        if time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    raise AssertionError(f"{what or 'condition'} not met in {timeout}s (last: {last!r})")
 
 
 def rendered_policies() -> list[dict[str, Any]]:

@@ -19,6 +19,7 @@ from gpu_share.kube.publish import KubePublisher
 from gpu_share.kube.rbac import AGENT_RULES
 from gpu_share.kube.rest import ApiError, RestClient, make_rest_client
 from gpu_share.sharing.model import ContainerKind, ContainerRequest
+from tests.harness.wait import until
 
 pytestmark = pytest.mark.apiserver
 
@@ -26,18 +27,6 @@ MEM = "vendor.com/vcuda-memory"
 CORE = "vendor.com/vcuda-core"
 NODE = "node-l3"
 
-
-def until(cond: Callable[[], Any], timeout: float = 15.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    for _ in range(2000):
-        last = cond()
-        if last:
-            return last
-        if time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    raise AssertionError(f"condition not met in {timeout}s (last: {last!r})")
 
 
 def container(name: str, mem: int = 0, core: int = 0, **extra: Any) -> dict[str, Any]:

@@ -5,9 +5,8 @@ for that pod on that node."""
 
 from __future__ import annotations
 
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -26,22 +25,13 @@ from gpu_share.sharing.annotations import (
 )
 from gpu_share.sharing.model import DeviceShare
 from gpu_share.sharing.placement import NodeSlots, Shape, Workload
+from tests.harness.wait import until
 
 pytestmark = pytest.mark.apiserver
 
 MEM, CORE = "vendor.com/vcuda-memory", "vendor.com/vcuda-core"
 KEY = b"l3-cluster-view-key-0123456789"
 
-
-def until(cond: Callable[[], Any], timeout: float = 15.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = cond()
-        if last:
-            return last
-        time.sleep(0.05)
-    raise AssertionError(f"condition not met in {timeout}s (last: {last!r})")
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from gpu_share.sharing.dra_slices import slice_content
 from gpu_share.sharing.inventory import Inventory
 from gpu_share.sharing.quantity import parse_quantity
 from tests.chart.conftest import NAMESPACE, RELEASE
+from tests.harness.wait import until
 from tests.kube.policies import rendered_policy
 
 pytestmark = pytest.mark.apiserver
@@ -49,18 +49,6 @@ UNIT_MIB = 1024
 MIB = 2**20
 AGENT_SA = f"{RELEASE}-gpu-share"
 
-
-def until(cond: Callable[[], Any], timeout: float = 30.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    for _ in range(10_000):
-        last = cond()
-        if last:
-            return last
-        if time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    raise AssertionError(f"{what or 'condition'} not met in {timeout}s (last: {last!r})")
 
 
 def inventory(*unhealthy: int, numa: int | None = 0) -> Inventory:

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -20,6 +19,7 @@ from gpu_share.kube.pods import (
 )
 from gpu_share.kube.rest import KubeTimeouts
 from gpu_share.sharing.model import ContainerKind, ContainerRequest
+from tests.harness.wait import poll
 
 MEM = "vendor.com/vcuda-memory"
 CORE = "vendor.com/vcuda-core"
@@ -252,16 +252,6 @@ def test_cache_applies_watch_events() -> None:
     assert dict(cache._pods[("ns", "b")].annotations) == {"gpu-share.vendor.com/decision": "d"}
 
 
-def wait_for(cond: Any, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    for _ in range(1000):
-        if cond():
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return False
-
 
 def test_cache_lists_watches_relists_on_410_and_stops() -> None:
     lists = {"n": 0}
@@ -295,7 +285,7 @@ def test_cache_lists_watches_relists_on_410_and_stops() -> None:
     cache.start()
     try:
         assert cache.wait_synced(10)
-        assert wait_for(lambda: len(watches) >= 2 and cache.relists == 2)
+        assert poll(lambda: len(watches) >= 2 and cache.relists == 2)
         assert sorted(p.name for p in cache.list_node_pods("node-a")) == ["a", "c"]
         watch_calls = [c for c in http.calls if c.query.get("watch") == "true"]
         assert [c.query["resourceVersion"] for c in watch_calls[:2]] == ["10", "20"]
@@ -309,14 +299,14 @@ def test_cache_lists_watches_relists_on_410_and_stops() -> None:
         assert cache.get_pod("ns", "x") == x and len(http.calls) == n + 1
         # Live event through the open watch.
         watches[-1].feed({"type": "ADDED", "object": pod_obj("d", rv="21")})
-        assert wait_for(lambda: any(p.name == "d" for p in cache.list_node_pods("node-a")))
+        assert poll(lambda: any(p.name == "d" for p in cache.list_node_pods("node-a")))
         # Another node's list is not served from this cache.
         cache.list_node_pods("node-b")
         assert http.calls[-1].query["fieldSelector"] == "spec.nodeName=node-b"
     finally:
         cache.stop(timeout=5)
     assert cache._thread is not None and not cache._thread.is_alive()
-    assert wait_for(watches[-1].shut.is_set, 5)  # the server saw the watch closed
+    assert poll(watches[-1].shut.is_set, 5)  # the server saw the watch closed
     assert not cache.synced
 
 
@@ -330,7 +320,7 @@ def test_cache_retries_after_errors_with_backoff_and_serves_gets_meanwhile() -> 
     cache = NodePodCache(src, "node-a", backoff_s=(0.01, 0.02))
     cache.start()
     try:
-        assert wait_for(lambda: sum(c.path == "/api/v1/pods" for c in http.calls) >= 3)
+        assert poll(lambda: sum(c.path == "/api/v1/pods" for c in http.calls) >= 3)
         assert not cache.synced
         assert cache.get_pod("ns", "p") is not None  # falls back to GET
         with pytest.raises(KubeAccessError):

@@ -9,7 +9,6 @@ keeps the heartbeats."""
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 from kube_fakes import Call, FakeStream, fake_api, fake_rest, pod_obj
@@ -19,17 +18,10 @@ from gpu_share.kube.cluster_view import KubeClusterView
 from gpu_share.kube.pods import KubePodSource, NodePodCache
 from gpu_share.observability.loops import Backoff, LoopSupervisor
 from gpu_share.sharing.placement import Shape, Workload
+from tests.harness.wait import poll
 
 FAST = Backoff(0.01, 0.05)
 
-
-def wait_for(cond: Any, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.01)
-    return bool(cond())
 
 
 def _poisoned_then_fine(list_items: Any) -> tuple[Any, dict[str, int]]:
@@ -66,7 +58,7 @@ def test_pod_watch_survives_a_nested_array_and_counts_it() -> None:
     )
     cache.start()
     try:
-        assert wait_for(lambda: counts["lists"] >= 2 and cache.synced)
+        assert poll(lambda: counts["lists"] >= 2 and cache.synced)
         assert errors == ["pod-watch"]
         assert sorted(p.name for p in cache.list_node_pods("node-a")) == ["a", "b"]
         assert sup.alive()
@@ -93,7 +85,7 @@ def test_cluster_view_watches_survive_a_nested_array_and_count_it() -> None:
     try:
         assert view.wait_synced(10)
         # One of the two watches got the poisoned line, failed once, relisted.
-        assert wait_for(lambda: len(errors) == 1 and counts["lists"] >= 3)
+        assert poll(lambda: len(errors) == 1 and counts["lists"] >= 3)
         assert errors[0] in ("view-nodes", "view-pods")
         assert view.loops is sup and sup.alive()
     finally:

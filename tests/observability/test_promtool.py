@@ -40,7 +40,8 @@ from tests.agent.served_agent import kill_if_running, scratch_dir, spawn_agent
 from tests.chart.conftest import CHART, NAMESPACE, RELEASE, helm_path, one, render
 from tests.extender.test_http import CORE, KEY, MEM, FakeBinder, FakeView, kpod, post_raw
 from tests.harness.env import REQUIRE_CLUSTER
-from tests.support.kubelet_stub import FakePodResources, KubeletStub, wait_until
+from tests.harness.wait import poll
+from tests.support.kubelet_stub import FakePodResources, KubeletStub
 
 REPO = Path(__file__).resolve().parents[2]
 RULE_TESTS = sorted((Path(__file__).parent / "rules").glob("*.yaml"))
@@ -128,7 +129,7 @@ def live_agent() -> Iterator[tuple[str, KubeletStub]]:
                     return bool(r.status == 200)
                 return False
 
-            assert wait_until(ready, 20)
+            assert poll(ready, 20)
             yield f"{base}/metrics", kubelet
         finally:
             kill_if_running(proc)

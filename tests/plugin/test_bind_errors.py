@@ -14,8 +14,9 @@ from gpu_share.agent.unixsock import SOCKET_IN_USE, SOCKET_PATH_TOO_LONG, socket
 from gpu_share.plugin.manager import PluginManager
 from gpu_share.plugin.server import PluginServer, ServeError
 from gpu_share.sharing.model import AdvertisedDevice
+from tests.harness.wait import poll
 from tests.support.fake_handler import FakeHandler
-from tests.support.kubelet_stub import PluginClient, fast_plugin_settings, wait_until
+from tests.support.kubelet_stub import PluginClient, fast_plugin_settings
 
 FAST = fast_plugin_settings()
 
@@ -120,4 +121,4 @@ def test_drain_with_no_stream_returns_at_once(sock_dir: Path, handler: FakeHandl
         assert manager.drain(1.0)
     finally:
         manager.stop()
-    assert wait_until(lambda: not (sock_dir / handler.endpoint).exists(), 2)
+    assert poll(lambda: not (sock_dir / handler.endpoint).exists(), 2)

@@ -13,8 +13,9 @@ from gpu_share.errors import KubeAccessError
 from gpu_share.plugin.manager import PluginManager
 from gpu_share.plugin.proto import deviceplugin_v1beta1_pb2 as dp
 from gpu_share.plugin.registration import RegistrationPolicy, register_with_retry
+from tests.harness.wait import poll
 from tests.support.fake_handler import FakeHandler
-from tests.support.kubelet_stub import KubeletStub, fast_plugin_settings, wait_until
+from tests.support.kubelet_stub import KubeletStub, fast_plugin_settings
 
 FAST = fast_plugin_settings()
 
@@ -87,7 +88,7 @@ def test_registration_waits_for_a_late_kubelet(sock_dir: Path, manager: PluginMa
     t = threading.Thread(target=run_start, daemon=True)
     t.start()
     try:
-        assert wait_until(lambda: (sock_dir / "gpu-share-vcuda-memory.sock").exists())
+        assert poll(lambda: (sock_dir / "gpu-share-vcuda-memory.sock").exists())
         assert not (sock_dir / "kubelet.sock").exists()
         started.set()
         t.join(10)

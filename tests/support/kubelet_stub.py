@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent import futures
 from pathlib import Path
@@ -55,15 +54,6 @@ def fast_plugin_settings() -> PluginSettings:
         serve=ServeOptions(watch_poll_s=0.05, max_workers=8, stop_grace_s=0.1),
     )
 
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float = 5.0, step_s: float = 0.01) -> bool:
-    """Poll ``predicate`` until true or ``timeout_s`` passes; return its last value."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step_s)
-    return predicate()
 
 
 class _Registration(dp_grpc.RegistrationServicer):
