@@ -163,7 +163,7 @@ def test_advertised_units_follow_the_cordon_per_resource() -> None:
         dev0, _ = _uuids(rig)
         rig.agent.holds.on_node_annotations({cordon_key(DOMAIN, dev0): Cordon("a", "b").encode()})
         for kind in ResourceKind:
-            units = rig.agent.advertised(kind)
+            units = rig.agent.calls.advertised(kind)
             assert {u.healthy for u in units if parse_unit_id(u.id).device == dev0} == {False}
             assert {u.healthy for u in units if parse_unit_id(u.id).device != dev0} == {True}
 

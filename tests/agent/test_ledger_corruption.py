@@ -415,8 +415,8 @@ def test_disk_always_holds_the_ledger_in_memory(node: Node) -> None:
     dev = node.uuids()[0]
     ids = [f"{dev}::mem::{i}" for i in range(8)]
     for n in range(1, 6):
-        offered = agent.preferred(MEM_KIND, ids, [], n % 2 + 1)
-        agent.allocate(MEM_KIND, offered)
+        offered = agent.calls.preferred(MEM_KIND, ids, [], n % 2 + 1)
+        agent.calls.allocate(MEM_KIND, offered)
         ids = [i for i in ids if i not in offered]
         read, torn = store.read()
         assert read is not None and torn == 0

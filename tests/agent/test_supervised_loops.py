@@ -45,7 +45,7 @@ def _unhealthy_devices(agent: NodeAgent) -> set[int]:
     index = {d.uuid: d.index for d in agent.backend.devices()}
     return {
         index[parse_unit_id(d.id).device]
-        for d in agent.advertised(ResourceKind.MEMORY)
+        for d in agent.calls.advertised(ResourceKind.MEMORY)
         if not d.healthy
     }
 

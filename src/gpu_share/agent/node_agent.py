@@ -21,6 +21,7 @@ from gpu_share.agent.container_dirs import ContainerDirs
 from gpu_share.agent.enforcement import EnforcementStatus
 from gpu_share.agent.feed import ChangeFeed
 from gpu_share.agent.journal import LedgerJournal
+from gpu_share.agent.kubelet_calls import CallSide, KubeletCalls
 from gpu_share.agent.node_holds import AgentSide, NodeHolds
 from gpu_share.agent.ports import (
     AgentMetrics,
@@ -43,24 +44,19 @@ from gpu_share.agent.unit_size import unit_in_use
 from gpu_share.config.model import AgentConfig, EnforcementMode
 from gpu_share.devices.base import DeviceBackend, HealthEvent
 from gpu_share.errors import (
-    AllocationError,
-    AllocationReason,
     GpuShareError,
     KubeAccessError,
 )
 from gpu_share.observability.loops import LoopSupervisor
 from gpu_share.sharing.annotations import inventory_annotation
 from gpu_share.sharing.engine import (
-    Allocation,
     AllocationEngine,
     CallContext,
     ReconcileResult,
 )
 from gpu_share.sharing.inventory import Inventory
 from gpu_share.sharing.ledger import LedgerEntry
-from gpu_share.sharing.limits import MEMORY_REQUIRED
 from gpu_share.sharing.model import (
-    AdvertisedDevice,
     AllocateSpec,
     PodResourcesView,
     PodView,
@@ -81,7 +77,6 @@ HEALTH_MAX_AGE_EXTRA_S = 120.0  # on top of two poll intervals
 # stop(): the agent's share of the 5 s the process has after SIGTERM.
 STOP_TIMEOUT_S = 2.0
 # Allocations refused whole: nothing is held for the container (the kubelet runs nothing).
-_REFUSED = frozenset({MEMORY_REQUIRED, AllocationReason.HOST_DIR_UNAVAILABLE})
 
 
 class NodeAgent:
@@ -149,6 +144,11 @@ class NodeAgent:
         )
         self._facts = CallFacts(self._pr, self._pods, self._metrics, clock)
         self._reports = CallReports(self._metrics, self._publisher, cfg.node_name)
+        self.calls = KubeletCalls(CallSide(
+            self._lock, self._engine, self.names, self._context, clock, self._persist,
+            self._spec_for, self._dirs, self._reports, self._metrics,
+            self.feed_inventory_changed,
+            self._publisher.pod_changed if self._publisher is not None else None))
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -260,86 +260,14 @@ class NodeAgent:
         return ResourceBinding(
             kind,
             resource_name,
-            list_devices=partial(self.advertised, kind),
+            list_devices=partial(self.calls.advertised, kind),
             wait_for_change=self.feed.wait_for_change,
-            preferred_allocation=partial(self.preferred, kind),
-            allocate=partial(self.allocate, kind),
+            preferred_allocation=partial(self.calls.preferred, kind),
+            allocate=partial(self.calls.allocate, kind),
         )
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         return self._publisher.flush(timeout_s) if self._publisher is not None else True
-
-    # ---- kubelet calls -----------------------------------------------------------------
-
-    def advertised(self, kind: ResourceKind) -> list[AdvertisedDevice]:
-        with self._lock:
-            return self._engine().advertised(kind)
-
-    def preferred(
-        self, kind: ResourceKind, available: Sequence[str], must_include: Sequence[str], size: int
-    ) -> list[str]:
-        resource = self._resource(kind)
-        t0 = time.perf_counter()
-        try:
-            ctx = self._context()  # I/O without the lock: other calls go on meanwhile
-            with self._lock:
-                result = self._engine().preferred(kind, available, must_include, size, ctx)
-                if result.changed:
-                    self._persist()
-            self._reports.after(resource, result)
-            return list(result.ids)
-        except AllocationError as exc:
-            self._reports.failed(resource, exc)
-            raise
-        finally:
-            self._metrics.observe_call("preferred", resource, time.perf_counter() - t0)
-
-    def allocate(self, kind: ResourceKind, ids: Sequence[str]) -> AllocateSpec:
-        resource = self._resource(kind)
-        t0 = time.perf_counter()
-        try:
-            # The usual case: these ids are what we offered a moment ago; no need to ask
-            # the kubelet and the API server again (and no second scan in the engine).
-            with self._lock:
-                engine = self._engine()
-                done = (
-                    self._allocate_locked(resource, kind, ids, None)
-                    if engine.has_offer(kind, ids)
-                    else None
-                )
-            if done is None:
-                ctx = self._context()  # I/O without the lock
-                with self._lock:
-                    done = self._allocate_locked(resource, kind, ids, ctx)
-            result, spec = done
-            self._reports.after(resource, result)
-            self._metrics.allocation(resource, result.entry.source)
-            self.feed_inventory_changed()
-            if result.entry.ref.namespace and self._publisher is not None:
-                self._publisher.pod_changed(result.entry.ref.namespace, result.entry.ref.pod_name)
-            return spec
-        except AllocationError as exc:
-            self._reports.failed(resource, exc)
-            raise
-        finally:
-            self._metrics.observe_call("allocate", resource, time.perf_counter() - t0)
-
-    def _allocate_locked(
-        self, resource: str, kind: ResourceKind, ids: Sequence[str], ctx: CallContext | None
-    ) -> tuple[Allocation, AllocateSpec]:
-        engine = self._engine()
-        ctx = ctx or CallContext(pr=None, pods=None, now=self._clock())
-        result = engine.allocate(kind, ids, ctx)
-        try:
-            spec = self._spec_for(result.entry)
-            self._dirs.make(result.entry, spec)
-        except AllocationError as exc:
-            if exc.reason in _REFUSED:  # refused: the kubelet runs nothing
-                engine.ledger.remove(result.entry.ref)
-            self._persist()
-            raise
-        self._persist()
-        return result, spec
 
     # ---- reconciliation, health ------------------------------------------------------------
 
