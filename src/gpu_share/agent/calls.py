@@ -38,6 +38,18 @@ class CallFacts:
             log.warning("PodResources unreachable: %s", exc)
             return None
 
+    def node_pods(self, node_name: str) -> list[PodView] | None:
+        """The node's pods from the API server (the reconcile loop); None when there is
+        no API server to ask or it did not answer."""
+        if self._pods is None or not node_name:
+            return None
+        try:
+            return self._pods.list_node_pods(node_name)
+        except KubeAccessError as exc:
+            self._metrics.kube_error("list_node_pods")
+            log.warning("reconcile without pod specs: %s", exc)
+            return None
+
     def context(self, needs: Callable[[PodResourcesView], list[PodKey]]) -> CallContext:
         """PodResources now, and the specs of the pods ``needs`` names (from the pod
         source: the node's watch-fed cache, one GET on a miss)."""

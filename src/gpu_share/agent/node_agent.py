@@ -40,12 +40,11 @@ from gpu_share.agent.published import (
 from gpu_share.agent.publisher import BackgroundPublisher
 from gpu_share.agent.response import RuntimeResponses
 from gpu_share.agent.state import LedgerStore
-from gpu_share.agent.unit_size import unit_in_use
+from gpu_share.agent.unit_size import apply_configured_unit, unit_in_use
 from gpu_share.config.model import AgentConfig, EnforcementMode
 from gpu_share.devices.base import DeviceBackend, HealthEvent
 from gpu_share.errors import (
     GpuShareError,
-    KubeAccessError,
 )
 from gpu_share.observability.loops import LoopSupervisor
 from gpu_share.sharing.annotations import inventory_annotation
@@ -274,10 +273,10 @@ class NodeAgent:
     def reconcile(self, *, use_api: bool = True) -> None:
         """Bring the ledger in line with the kubelet and (``use_api``) the API server."""
         listed_at = self._clock()
-        listed = self._list_node_pods() if use_api else None
+        listed = self._facts.node_pods(self.cfg.node_name) if use_api else None
         with self._lock:
             # PodResources under the lock: a pod admitted meanwhile must be in it.
-            pr = self._list_pod_resources()
+            pr = self._facts.pod_resources()
             if pr is None:
                 log.warning("reconcile skipped: PodResources unreachable")
                 # Offers no Allocate followed expire all the same (docs/allocation.md).
@@ -294,21 +293,13 @@ class NodeAgent:
             )
             self.feed_inventory_changed()
         self._dirs.sweep()
-        self._apply_configured_unit()
+        if apply_configured_unit(self.cfg.memory_unit_mib, self._engine, self._lock,
+                                 self._persist, self._metrics, self._node_event):
+            self.feed.bump()  # ListAndWatch sends the new unit list
+            self.feed_inventory_changed()
 
-    def _list_node_pods(self) -> list[PodView] | None:
-        if self._pods is None or not self.cfg.node_name:
-            return None
-        try:
-            return self._pods.list_node_pods(self.cfg.node_name)
-        except KubeAccessError as exc:
-            self._metrics.kube_error("list_node_pods")
-            log.warning("reconcile without pod specs: %s", exc)
-            return None
-
-    def _reconcile_with(
-        self, pr: PodResourcesView, listed: list[PodView] | None, listed_at: float
-    ) -> ReconcileResult:
+    def _reconcile_with(self, pr: PodResourcesView, listed: list[PodView] | None,
+                        listed_at: float) -> ReconcileResult:
         """One reconcile pass under the lock, with the node's pods as of ``listed_at``."""
         engine = self._engine()
         pods: dict[tuple[str, str], PodView | None] | None = None
@@ -333,19 +324,11 @@ class NodeAgent:
         if not changed:
             return
         for ev in events:
-            log.warning(
-                "device health changed",
-                extra={"device": ev.uuid, "healthy": ev.healthy, "reason": ev.reason},
-            )
-            if self._publisher is not None:
-                self._publisher.event(
-                    None,
-                    self.cfg.node_name,
-                    reason="DeviceHealthy" if ev.healthy else "DeviceUnhealthy",
-                    message=f"device {ev.uuid} is {'healthy' if ev.healthy else 'unhealthy'}"
-                    f" ({ev.reason})",
-                    warning=not ev.healthy,
-                )
+            log.warning("device health changed",
+                        extra={"device": ev.uuid, "healthy": ev.healthy, "reason": ev.reason})
+            state = "healthy" if ev.healthy else "unhealthy"
+            say = self._node_event if ev.healthy else self.warn_node
+            say(f"Device{state.capitalize()}", f"device {ev.uuid} is {state} ({ev.reason})")
         self.feed.bump()
         self.feed_inventory_changed()
 
@@ -383,9 +366,6 @@ class NodeAgent:
             raise GpuShareError("agent not started")
         return self.engine
 
-    def _resource(self, kind: ResourceKind) -> str:
-        return self.names.name_of(kind)
-
     # Loop steps: the supervisor calls each again and again; whatever one raises is
     # logged, counted, and followed by a pause (observability.loops).
 
@@ -405,25 +385,6 @@ class NodeAgent:
         self._reconcile_now.clear()
         if not self._stop.is_set():
             self.reconcile()
-
-    # ---- memory unit size (docs/allocation.md, "Unit size changes") -------------------
-
-    def _apply_configured_unit(self) -> None:
-        """A deferred unit size change takes effect once the ledger is empty (checked
-        after each reconcile with PodResources: every running slice is then in it)."""
-        want = self.cfg.memory_unit_mib
-        with self._lock:
-            engine = self._engine()
-            was = engine.inventory.unit_mib
-            if not engine.set_unit_mib(want):
-                return
-            self._persist()
-        log.info("memory unit size changed", extra={"from_mib": was, "to_mib": want})
-        self._metrics.memory_unit(want, want)
-        self._node_event("MemoryUnitChanged",
-                         f"no slice left: memory units are now {want} MiB (were {was} MiB)")
-        self.feed.bump()  # ListAndWatch sends the new unit list
-        self.feed_inventory_changed()
 
     def _node_event(self, reason: str, message: str) -> None:
         """A Normal Event on this node."""
@@ -457,9 +418,6 @@ class NodeAgent:
     def _maybe_compact(self) -> None:
         if self.engine is not None and self._started and self._journal.due():
             self.compact()
-
-    def _list_pod_resources(self) -> PodResourcesView | None:
-        return self._facts.pod_resources()
 
     def _context(self) -> CallContext:
         """Facts for one kubelet call, without the lock (``agent/calls.py``)."""

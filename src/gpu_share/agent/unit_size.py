@@ -7,10 +7,13 @@ over-commits). That size is kept until no slice is left; the agent then switches
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 
 from gpu_share.agent.journal import LedgerJournal
+from gpu_share.agent.ports import AgentMetrics
 from gpu_share.errors import LedgerError
+from gpu_share.sharing.engine import AllocationEngine
 
 log = logging.getLogger(__name__)
 
@@ -35,3 +38,22 @@ def unit_in_use(want: int, journal: LedgerJournal, warn: Callable[[str, str], No
         f" until no slice is left, then switches to {want} MiB",
     )
     return old.unit_mib
+
+
+def apply_configured_unit(
+    want: int, engine: Callable[[], AllocationEngine], lock: threading.RLock,
+    persist: Callable[[], None], metrics: AgentMetrics, event: Callable[[str, str], None],
+) -> bool:
+    """A deferred unit size change takes effect once the ledger is empty (checked after
+    each reconcile with PodResources: every running slice is then in it). True when the
+    size changed (the agent then sends the new unit list)."""
+    with lock:
+        eng = engine()
+        was = eng.inventory.unit_mib
+        if not eng.set_unit_mib(want):
+            return False
+        persist()
+    log.info("memory unit size changed", extra={"from_mib": was, "to_mib": want})
+    metrics.memory_unit(want, want)
+    event("MemoryUnitChanged", f"no slice left: memory units are now {want} MiB (were {was} MiB)")
+    return True
