@@ -163,3 +163,46 @@ def test_a_reconcile_between_the_halves_does_not_split_the_container(seed: int) 
         if held.get(MEM) and held.get(CORE):
             e = _holder(sim, held[MEM])
             assert set(e.core_ids) == set(held[CORE]), (name, e)
+
+
+class SlowApiDownSim(ApiDownSim):
+    """The same, on an agent so loaded that 12 s pass between any two kubelet calls."""
+
+    def ctx(self) -> CallContext:
+        self.now += 12.0
+        return CallContext(self.pr(), None, self.now)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_slow_second_half_still_joins_its_first_while_podresources_answers(seed: int) -> None:
+    """The pairing window (10 s) bounds pairing only when PodResources cannot say whether
+    a new pod appeared; while it answers, a second half however late joins its first
+    (placing it anew could split the container)."""
+    sim = SlowApiDownSim(engine(devices(4, 16)), random.Random(seed))
+    for i, (m, c) in enumerate(STORY_9A_BURST):
+        assert sim.admit(pod(f"pre-{i}", ctr("main", mem=m, cores=c))), sim.rejected
+    sim.check_invariants()
+
+
+class BlindSim(KubeletSim):
+    """Neither PodResources nor the API server answers; ``gap`` seconds between calls."""
+
+    gap: float = 0.5
+
+    def ctx(self) -> CallContext:
+        self.now += self.gap
+        return CallContext(None, None, self.now)
+
+
+@pytest.mark.parametrize(("gap", "paired"), [(0.5, True), (12.0, False)])
+def test_without_podresources_only_the_window_pairs(gap: float, paired: bool) -> None:
+    """With nothing to tell pods apart, a call pairs with the blind decision before it
+    only within the window: a cores-only pod's decision is not handed to the next pod's
+    memory call 12 s later."""
+    sim = BlindSim(engine(devices(2, 8)), random.Random(0))
+    sim.gap = gap
+    assert sim.admit(pod("cores-only", ctr("c", cores=20)))
+    assert sim.admit(pod("memory-only", ctr("c", mem=3)))
+    mem_ids = sim.held[("default", "memory-only")]["c"][ResourceKind.MEMORY]
+    e = _holder(sim, mem_ids)
+    assert bool(e.core_ids) == paired, e

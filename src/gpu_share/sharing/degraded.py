@@ -70,7 +70,7 @@ class BlindPairing:
             return None
         forced = {u.device for u in parse_unit_ids(must_include)}
         ok = (
-            now - latest.updated_at < self.window_s
+            self._recent(latest, now)
             and latest.request.amount(kind) == 0
             and not latest.exclusive
             and len(latest.shares) == 1
@@ -78,6 +78,13 @@ class BlindPairing:
             and self._same_pod_admission(latest.ref)
         )
         return latest if ok else None
+
+    def _recent(self, latest: LedgerEntry, now: float) -> bool:
+        """The window bounds pairing only while PodResources cannot tell a later pod's
+        call: when it answers, ``_same_pod_admission`` does, and a second half that came
+        late (a loaded node) must still join its first rather than split the container."""
+        listed = self._call_pods is not None and self._blind_pods.get(latest.ref) is not None
+        return listed or now - latest.updated_at < self.window_s
 
     def remember(self, ref: ContainerRef, ledger: Ledger) -> None:
         """A new blind decision ``ref``: note the pods listed now."""
