@@ -161,7 +161,11 @@ def test_story9a_apiserver_down_mid_burst_no_overcommit_then_reconciled(
     }
     assert not not_running, f"pods refused although the node has room: {not_running}"
     t_audit = time.monotonic()
-    assert_consistent(agent, timeout=150)
+    try:
+        assert_consistent(agent, timeout=150)
+    except AssertionError as exc:
+        log = _agent_calls_log(agent)
+        raise AssertionError(f"{exc}\nagent log (allocation lines):\n{log}") from None
     _say(f"9a: audit clean {time.monotonic() - t_audit:.0f}s after the burst settled")
     sample()
     told = env_matches_kubelet(agent, namespace)
@@ -172,6 +176,20 @@ def test_story9a_apiserver_down_mid_burst_no_overcommit_then_reconciled(
         + "\n".join(told)
     )
     assert not told, "\n".join(told)
+
+
+def _agent_calls_log(kube: Kube, lines: int = 120) -> str:
+    """The agent's log lines about kubelet calls (degraded decisions, pairing, refusals),
+    to tell after a failed audit how a container's resources were decided."""
+    a = kube.ready_agent()
+    if a is None:
+        return "(no agent pod)"
+    out = kube.kubectl("-n", a["metadata"]["namespace"], "logs", a["metadata"]["name"], "-c",
+                       "agent", "--tail", "3000", check=False).stdout
+    keep = [ln for ln in out.splitlines()
+            if any(w in ln for w in ("degraded decision", "allocation notes", "refused",
+                                     "SplitAcross", "ledger reconciled"))]
+    return "\n".join(keep[-lines:]) or "(no such line)"
 
 
 # ------------------------------------------------------------------ 9b node reboot

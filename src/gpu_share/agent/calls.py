@@ -80,14 +80,19 @@ class CallReports:
         self._node = node_name
 
     def after(self, resource: str, result: Preferred | Allocation) -> None:
+        # Which entry, on which devices: enough to tell afterwards how a container's two
+        # resources were decided.
+        where = {"entry": str(result.entry.ref),
+                 "devices": [sh.device for sh in result.entry.shares]}
         if result.identity_source is EntrySource.DEGRADED:
             reason = "; ".join(texts(result.notes)) or "pod unknown"
             self._metrics.degraded(degraded_label(result.notes))
-            log.warning("degraded decision", extra={"resource": resource, "notes": reason})
+            log.warning("degraded decision",
+                        extra={"resource": resource, "notes": reason, **where})
             self._event(None, self._node, "DegradedAllocation", f"{resource}: {reason}")
         elif result.notes:
             log.info("allocation notes",
-                     extra={"resource": resource, "notes": texts(result.notes)})
+                     extra={"resource": resource, "notes": texts(result.notes), **where})
             ref = result.entry.ref
             for note in result.notes:
                 if note.kind is NoteKind.EXTENDER_IGNORED:
