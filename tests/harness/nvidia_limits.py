@@ -10,6 +10,7 @@ import pytest
 
 from gpu_share.agent import enforcement
 from gpu_share.config.model import EnforcementMode, RuntimeConfig
+from gpu_share.devices import nvml_features
 
 MOUNTINFO_V2 = ("24 1 0:22 / /sys ro - sysfs sysfs rw\n"
                 "30 24 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw\n")
@@ -27,7 +28,7 @@ def fake_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, v2: bool, hook
     if hook:
         path.write_text("#!/bin/sh\n")
         path.chmod(path.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setattr(enforcement, "NVML_LIBRARY", nvml)
+    monkeypatch.setattr(nvml_features, "NVML_LIBRARY", nvml)
     mode = EnforcementMode.NVIDIA_MEMORY_LIMITS.value
     return RuntimeConfig.model_validate({"enforcement": mode,
                                          "nvidiaMemoryLimits": {"hookPath": str(path)}})

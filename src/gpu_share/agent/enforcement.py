@@ -16,7 +16,6 @@ back as if cordoned; running slices stay), says why (node Event, annotation, met
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import os
 import re
@@ -26,6 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from gpu_share.config.model import EnforcementMode, RuntimeConfig
+from gpu_share.devices import nvml_features
 
 CHECKSUM_SUFFIX = ".sha256"
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -148,8 +148,6 @@ def check_mps(runtime: RuntimeConfig) -> list[str]:
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 MOUNTINFO = "/proc/self/mountinfo"
-NVML_LIBRARY = "libnvidia-ml.so.1"
-NVML_SET_LIMITS = "nvmlDeviceSetMemoryLimits_v1"
 
 
 def cgroup_fs_type(root: str = CGROUP_ROOT, mountinfo: str = MOUNTINFO) -> str | None:
@@ -164,17 +162,6 @@ def cgroup_fs_type(root: str = CGROUP_ROOT, mountinfo: str = MOUNTINFO) -> str |
     return found
 
 
-def _nvml_exports(symbol: str) -> str | None:
-    """None when the driver's NVML has ``symbol``, else why not."""
-    try:
-        lib = ctypes.CDLL(NVML_LIBRARY)
-    except OSError as exc:
-        return f"{NVML_LIBRARY} not loadable ({str(exc)[:120]})"
-    return None if hasattr(lib, symbol) else (
-        f"the driver's NVML has no {symbol} (driver-enforced memory limits need R615 or later)"
-    )
-
-
 def check_nvidia_memory_limits(runtime: RuntimeConfig) -> list[str]:
     hook = runtime.nvidia_memory_limits.hook_path
     problems = []
@@ -187,7 +174,7 @@ def check_nvidia_memory_limits(runtime: RuntimeConfig) -> list[str]:
     if fs != "cgroup2":
         problems.append(f"{CGROUP_ROOT} is {fs or 'not mounted'}, not cgroup v2 (the hook "
                         "sets limits only on cgroup v2)")
-    nvml = _nvml_exports(NVML_SET_LIMITS)
+    nvml = nvml_features.missing_call(nvml_features.SET_MEMORY_LIMITS)
     if nvml:
         problems.append(nvml)
     return problems
