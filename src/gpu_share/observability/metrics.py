@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Generic, TypeVar, overload
 
-from gpu_share.observability.prom import Counter, Gauge, Histogram, Registry
+from gpu_share.observability.prom import AnyFamily, Counter, Gauge, Histogram, Registry
 
 PREFIX = "gpu_share"
 
@@ -42,153 +43,153 @@ MIB = 1024 * 1024  # memory sizes are configured in MiB, exported in bytes (base
 # Distinct values kept per free-text label (reason, source, op, loop); each is an enum of
 # under 20 values today.
 REASON_CAP = 64
+# Labels that carry such free text; each is capped at REASON_CAP wherever it appears.
+FREE_TEXT_LABELS = frozenset({"reason", "source", "op", "loop", "watch"})
+
+F = TypeVar("F", bound=AnyFamily)
 
 
-class Metrics:
+class _Spec(Generic[F]):
+    """One row of a metrics table: a family's kind, help text, labels and buckets,
+    declared as a class attribute of a ``_Table``; its name is the table's prefix and the
+    attribute's name. On an instance the attribute is the family built from it."""
+
+    def __init__(
+        self, make: Callable[..., F], help_text: str, labels: tuple[str, ...],
+        buckets: tuple[float, ...] | None = None,
+    ) -> None:
+        self.make = make
+        self.help = help_text
+        self.labels = labels
+        self.buckets = buckets
+
+    @overload
+    def __get__(self, obj: None, owner: type) -> _Spec[F]: ...
+    @overload
+    def __get__(self, obj: object, owner: type) -> F: ...
+    def __get__(self, obj: object, owner: type) -> _Spec[F] | F:
+        # Reached only before _Table.__init__ put the family in the instance's dict.
+        if obj is None:
+            return self
+        raise AttributeError(f"{owner.__name__} is not built yet")
+
+    def build(self, name: str, registry: Registry) -> F:
+        capped = {label: REASON_CAP for label in self.labels if label in FREE_TEXT_LABELS}
+        extra = {} if self.buckets is None else {"buckets": self.buckets}
+        return self.make(name, self.help, self.labels, registry=registry, capped=capped, **extra)
+
+
+def _counter(help_text: str, *labels: str) -> _Spec[Counter]:
+    return _Spec(Counter, help_text, labels)
+
+
+def _gauge(help_text: str, *labels: str) -> _Spec[Gauge]:
+    return _Spec(Gauge, help_text, labels)
+
+
+def _histogram(help_text: str, *labels: str, buckets: tuple[float, ...]) -> _Spec[Histogram]:
+    return _Spec(Histogram, help_text, labels, buckets)
+
+
+class _Table:
+    """A set of families declared as ``_Spec`` class attributes, registered in the order
+    they are declared."""
+
+    prefix = ""
+
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+        for attr, spec in self.specs():
+            self.__dict__[attr] = spec.build(f"{self.prefix}{attr}", registry)
+
+    @classmethod
+    def specs(cls) -> list[tuple[str, _Spec[Any]]]:
+        """The table: (attribute, row) per family, in registration order."""
+        rows: dict[str, _Spec[Any]] = {}
+        for klass in reversed(cls.__mro__):
+            rows.update((k, v) for k, v in vars(klass).items() if isinstance(v, _Spec))
+        return list(rows.items())
+
+
+class Metrics(_Table):
     """Every metric the agent exports, bound to ``self.registry``."""
 
+    prefix = f"{PREFIX}_"
+
+    allocations_total = _counter(
+        "Allocate answers given, by resource and by what decided the device.",
+        "resource", "source",
+    )
+    allocation_failures_total = _counter(
+        "Allocate or GetPreferredAllocation calls refused, by error reason.", "resource", "reason"
+    )
+    degraded_decisions_total = _counter(
+        "Placements made without full pod knowledge, by why.", "reason"
+    )
+    identity_ambiguous_total = _counter(
+        "Kubelet calls whose pod/container could not be told apart from another."
+    )
+    device_units = _gauge(
+        "Units of a device by resource and state (used|free).", "device", "resource", "state"
+    )
+    device_healthy = _gauge("1 when the device is healthy, 0 otherwise.", "device")
+    device_cordoned = _gauge(
+        "1 when the device takes no new slice (running ones stay): an admin cordoned "
+        "it, or DRA claims prepared before a switch to device-plugin mode may hold it; "
+        "0 otherwise.",
+        "device",
+    )
+    dra_prepare_failures_total = _counter(
+        "DRA claims the agent refused to prepare, by reason (ClaimEnforcementLowered, "
+        "EnforcementUnavailable, DeviceCordoned, ClaimOverCapacity, ...).",
+        "reason",
+    )
+    enforcement_ready = _gauge(
+        "1 while the node can enforce its pool's mode (no new slices otherwise; "
+        "the node Event EnforcementUnavailable says what is missing), 0 otherwise.",
+        "mode",
+    )
+    cordon_annotations_ignored_total = _counter(
+        "Cordon annotations on the node the agent ignored, by why (Malformed, "
+        "UnknownDevice, TooMany).",
+        "reason",
+    )
+    allocate_seconds = _histogram(
+        "Time to answer one kubelet Allocate call.", "resource", buckets=LATENCY_BUCKETS
+    )
+    preferred_allocation_seconds = _histogram(
+        "Time to answer one kubelet GetPreferredAllocation call.", "resource",
+        buckets=LATENCY_BUCKETS,
+    )
+    registrations_total = _counter("Successful registrations with the kubelet, by resource.",
+                                   "resource")
+    reregistrations_total = _counter(
+        "Re-registrations after the kubelet restarted or removed our socket."
+    )
+    ledger_writes_total = _counter("Writes of the persisted allocation ledger.")
+    ledger_write_failures_total = _counter(
+        "Writes of the ledger file that failed (disk full, EACCES, ...)."
+    )
+    ledger_quarantined_total = _counter(
+        "Unreadable ledger files moved aside at start, by why.", "reason"
+    )
+    ledger_anomalies_total = _counter(
+        "Loaded ledger entries that cannot be true on this node (kept), by why.", "reason"
+    )
+    kube_errors_total = _counter(
+        "Failed calls to the API server or PodResources, by operation.", "op"
+    )
+    loop_errors_total = _counter(
+        "Failed passes of a supervised background loop (it went on after a pause).", "loop"
+    )
+    memory_unit_bytes = _gauge(
+        "Memory unit size in bytes, configured and in use (they differ while slices "
+        "cut in an older size run).",
+        "unit",
+    )
+
     def __init__(self, registry: Registry | None = None) -> None:
-        self.registry = registry if registry is not None else Registry()
-        r = self.registry
-        self.allocations_total = Counter(
-            f"{PREFIX}_allocations_total",
-            "Allocate answers given, by resource and by what decided the device.",
-            ["resource", "source"],
-            capped={"source": REASON_CAP},
-            registry=r,
-        )
-        self.allocation_failures_total = Counter(
-            f"{PREFIX}_allocation_failures_total",
-            "Allocate or GetPreferredAllocation calls refused, by error reason.",
-            ["resource", "reason"],
-            capped={"reason": REASON_CAP},
-            registry=r,
-        )
-        self.degraded_decisions_total = Counter(
-            f"{PREFIX}_degraded_decisions_total",
-            "Placements made without full pod knowledge, by why.",
-            ["reason"],
-            capped={"reason": REASON_CAP},
-            registry=r,
-        )
-        self.identity_ambiguous_total = Counter(
-            f"{PREFIX}_identity_ambiguous_total",
-            "Kubelet calls whose pod/container could not be told apart from another.",
-            registry=r,
-        )
-        self.device_units = Gauge(
-            f"{PREFIX}_device_units",
-            "Units of a device by resource and state (used|free).",
-            ["device", "resource", "state"],
-            registry=r,
-        )
-        self.device_healthy = Gauge(
-            f"{PREFIX}_device_healthy",
-            "1 when the device is healthy, 0 otherwise.",
-            ["device"],
-            registry=r,
-        )
-        self.device_cordoned = Gauge(
-            f"{PREFIX}_device_cordoned",
-            "1 when the device takes no new slice (running ones stay): an admin cordoned "
-            "it, or DRA claims prepared before a switch to device-plugin mode may hold it; "
-            "0 otherwise.",
-            ["device"],
-            registry=r,
-        )
-        self.dra_prepare_failures_total = Counter(
-            f"{PREFIX}_dra_prepare_failures_total",
-            "DRA claims the agent refused to prepare, by reason (ClaimEnforcementLowered, "
-            "EnforcementUnavailable, DeviceCordoned, ClaimOverCapacity, ...).",
-            ["reason"],
-            capped={"reason": REASON_CAP},
-            registry=r,
-        )
-        self.enforcement_ready = Gauge(
-            f"{PREFIX}_enforcement_ready",
-            "1 while the node can enforce its pool's mode (no new slices otherwise; "
-            "the node Event EnforcementUnavailable says what is missing), 0 otherwise.",
-            ["mode"],
-            registry=r,
-        )
-        self.cordon_annotations_ignored_total = Counter(
-            f"{PREFIX}_cordon_annotations_ignored_total",
-            "Cordon annotations on the node the agent ignored, by why (Malformed, "
-            "UnknownDevice, TooMany).",
-            ["reason"],
-            capped={"reason": REASON_CAP},
-            registry=r,
-        )
-        self.allocate_seconds = Histogram(
-            f"{PREFIX}_allocate_seconds",
-            "Time to answer one kubelet Allocate call.",
-            ["resource"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.preferred_allocation_seconds = Histogram(
-            f"{PREFIX}_preferred_allocation_seconds",
-            "Time to answer one kubelet GetPreferredAllocation call.",
-            ["resource"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.registrations_total = Counter(
-            f"{PREFIX}_registrations_total",
-            "Successful registrations with the kubelet, by resource.",
-            ["resource"],
-            registry=r,
-        )
-        self.reregistrations_total = Counter(
-            f"{PREFIX}_reregistrations_total",
-            "Re-registrations after the kubelet restarted or removed our socket.",
-            registry=r,
-        )
-        self.ledger_writes_total = Counter(
-            f"{PREFIX}_ledger_writes_total",
-            "Writes of the persisted allocation ledger.",
-            registry=r,
-        )
-        self.ledger_write_failures_total = Counter(
-            f"{PREFIX}_ledger_write_failures_total",
-            "Writes of the ledger file that failed (disk full, EACCES, ...).",
-            registry=r,
-        )
-        self.ledger_quarantined_total = Counter(
-            f"{PREFIX}_ledger_quarantined_total",
-            "Unreadable ledger files moved aside at start, by why.",
-            ["reason"],
-            capped={"reason": REASON_CAP},
-            registry=r,
-        )
-        self.ledger_anomalies_total = Counter(
-            f"{PREFIX}_ledger_anomalies_total",
-            "Loaded ledger entries that cannot be true on this node (kept), by why.",
-            ["reason"],
-            capped={"reason": REASON_CAP},
-            registry=r,
-        )
-        self.kube_errors_total = Counter(
-            f"{PREFIX}_kube_errors_total",
-            "Failed calls to the API server or PodResources, by operation.",
-            ["op"],
-            capped={"op": REASON_CAP},
-            registry=r,
-        )
-        self.loop_errors_total = Counter(
-            f"{PREFIX}_loop_errors_total",
-            "Failed passes of a supervised background loop (it went on after a pause).",
-            ["loop"],
-            capped={"loop": REASON_CAP},
-            registry=r,
-        )
-        self.memory_unit_bytes = Gauge(
-            f"{PREFIX}_memory_unit_bytes",
-            "Memory unit size in bytes, configured and in use (they differ while slices "
-            "cut in an older size run).",
-            ["unit"],
-            registry=r,
-        )
+        super().__init__(registry if registry is not None else Registry())
 
     def set_device_units(self, device: str, resource: str, used: int, free: int) -> None:
         self.device_units.labels(device=device, resource=resource, state="used").set(used)
@@ -245,71 +246,43 @@ class _CollectingRegistry(Registry):
         return super().expose()
 
 
-class ExtenderMetrics:
+class ExtenderMetrics(_Table):
     """Every metric the extender exports, bound to ``self.registry`` (served on its own
     listener, ``--metrics-port``). Series of the closed label sets are made up front, so
     the request path only looks one up and bumps it."""
 
+    prefix = f"{PREFIX}_extender_"
+    registry: _CollectingRegistry
+
+    requests_total = _counter(
+        "Scheduler requests to the extender, by verb (filter|prioritize|bind|other) and "
+        "outcome (ok|error: answered with an Error|refused: 4xx|internal: 500).",
+        "verb", "outcome",
+    )
+    request_duration_seconds = _histogram(
+        "Time to answer one scheduler request, body read, by verb.", "verb",
+        buckets=EXTENDER_LATENCY_BUCKETS,
+    )
+    filter_nodes_total = _counter(
+        "Candidate nodes of filter calls, by result (passed|failed).", "result"
+    )
+    binds_total = _counter(
+        "Bind calls by outcome (bound|no_fit|pod_not_found|invalid_pod|api_error).", "outcome"
+    )
+    untrusted_annotations_total = _counter(
+        "Pod decision/assignment annotations the cluster view ignored, by why.", "reason"
+    )
+    view_nodes = _gauge("Nodes with a gpu-share inventory in the extender's cluster view.")
+    view_pods = _gauge("Pods asking gpu-share resources in the extender's cluster view.")
+    view_lists_total = _counter(
+        "Full lists (first sync, relists after 410 or errors, resyncs) per watch.", "watch"
+    )
+    view_watch_errors_total = _counter(
+        "Failed list/watch passes of the cluster view (each relists after a pause).", "watch"
+    )
+
     def __init__(self) -> None:
-        self.registry = _CollectingRegistry()
-        r = self.registry
-        self.requests_total = Counter(
-            f"{PREFIX}_extender_requests_total",
-            "Scheduler requests to the extender, by verb (filter|prioritize|bind|other) and "
-            "outcome (ok|error: answered with an Error|refused: 4xx|internal: 500).",
-            ["verb", "outcome"],
-            registry=r,
-        )
-        self.request_duration_seconds = Histogram(
-            f"{PREFIX}_extender_request_duration_seconds",
-            "Time to answer one scheduler request, body read, by verb.",
-            ["verb"],
-            buckets=EXTENDER_LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.filter_nodes_total = Counter(
-            f"{PREFIX}_extender_filter_nodes_total",
-            "Candidate nodes of filter calls, by result (passed|failed).",
-            ["result"],
-            registry=r,
-        )
-        self.binds_total = Counter(
-            f"{PREFIX}_extender_binds_total",
-            "Bind calls by outcome (bound|no_fit|pod_not_found|invalid_pod|api_error).",
-            ["outcome"],
-            registry=r,
-        )
-        self.untrusted_annotations_total = Counter(
-            f"{PREFIX}_extender_untrusted_annotations_total",
-            "Pod decision/assignment annotations the cluster view ignored, by why.",
-            ["reason"],
-            capped={"reason": REASON_CAP},
-            registry=r,
-        )
-        self.view_nodes = Gauge(
-            f"{PREFIX}_extender_view_nodes",
-            "Nodes with a gpu-share inventory in the extender's cluster view.",
-            registry=r,
-        )
-        self.view_pods = Gauge(
-            f"{PREFIX}_extender_view_pods",
-            "Pods asking gpu-share resources in the extender's cluster view.",
-            registry=r,
-        )
-        self.view_lists_total = Counter(
-            f"{PREFIX}_extender_view_lists_total",
-            "Full lists (first sync, relists after 410 or errors, resyncs) per watch.",
-            ["watch"],
-            capped={"watch": REASON_CAP},
-            registry=r,
-        )
-        self.view_watch_errors_total = Counter(
-            f"{PREFIX}_extender_view_watch_errors_total",
-            "Failed list/watch passes of the cluster view (each relists after a pause).",
-            ["watch"],
-            capped={"watch": REASON_CAP},
-            registry=r,
-        )
+        super().__init__(_CollectingRegistry())
         for verb in (*EXTENDER_VERBS, OTHER_VERB):
             self.request_duration_seconds.labels(verb)
             for outcome in REQUEST_OUTCOMES:
