@@ -30,8 +30,8 @@ import bisect
 import math
 import re
 import threading
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Generic, TypeVar
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Generic, TypedDict, TypeVar, Unpack
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OVERFLOW = "other"
@@ -157,12 +157,20 @@ class _HistogramSeries(_Series):
 
 
 S = TypeVar("S", bound=_Series)
+V = TypeVar("V", bound=_CounterSeries)
+
+
+class _FamilyOptions(TypedDict, total=False):
+    registry: Registry | None
+    capped: Mapping[str, int] | None
 
 
 class _Family(Generic[S]):
     """A named metric with a fixed label set and one series per label-value tuple."""
 
     kind = ""
+    name_suffix = ""  # what every name of this kind must end in
+    series_type: Callable[[str], S]
 
     def __init__(
         self,
@@ -173,6 +181,8 @@ class _Family(Generic[S]):
         registry: Registry | None = None,
         capped: Mapping[str, int] | None = None,
     ) -> None:
+        if not name.endswith(self.name_suffix):
+            raise ValueError(f"{self.kind} {name!r} must be named *{self.name_suffix}")
         if not _METRIC_NAME.match(name):
             raise ValueError(f"invalid metric name {name!r}")
         names = tuple(labelnames)
@@ -199,7 +209,7 @@ class _Family(Generic[S]):
             registry.register(self)
 
     def _new_series(self, values: tuple[str, ...]) -> S:
-        raise NotImplementedError
+        return self.series_type(_label_text(self.labelnames, values))
 
     def sample_names(self) -> tuple[str, ...]:
         """Names this family writes samples under (for clash checks)."""
@@ -272,26 +282,8 @@ class _Family(Generic[S]):
         return out
 
 
-class Counter(_Family[_CounterSeries]):
-    """A count that only goes up; its name ends in ``_total``."""
-
-    kind = "counter"
-
-    def __init__(
-        self,
-        name: str,
-        documentation: str,
-        labelnames: Sequence[str] = (),
-        *,
-        registry: Registry | None = None,
-        capped: Mapping[str, int] | None = None,
-    ) -> None:
-        if not name.endswith("_total"):
-            raise ValueError(f"counter {name!r} must be named *_total")
-        super().__init__(name, documentation, labelnames, registry=registry, capped=capped)
-
-    def _new_series(self, values: tuple[str, ...]) -> _CounterSeries:
-        return _CounterSeries(_label_text(self.labelnames, values))
+class _ValueFamily(_Family[V]):
+    """A family whose series hold one value (counters and gauges)."""
 
     def inc(self, amount: float = 1.0) -> None:
         self._only().inc(amount)
@@ -300,25 +292,25 @@ class Counter(_Family[_CounterSeries]):
         return self._only().get()
 
 
-class Gauge(_Family[_GaugeSeries]):
+class Counter(_ValueFamily[_CounterSeries]):
+    """A count that only goes up; its name ends in ``_total``."""
+
+    kind = "counter"
+    name_suffix = "_total"
+    series_type = _CounterSeries
+
+
+class Gauge(_ValueFamily[_GaugeSeries]):
     """A value that goes up and down."""
 
     kind = "gauge"
-
-    def _new_series(self, values: tuple[str, ...]) -> _GaugeSeries:
-        return _GaugeSeries(_label_text(self.labelnames, values))
+    series_type = _GaugeSeries
 
     def set(self, value: float) -> None:
         self._only().set(value)
 
-    def inc(self, amount: float = 1.0) -> None:
-        self._only().inc(amount)
-
     def dec(self, amount: float = 1.0) -> None:
         self._only().dec(amount)
-
-    def get(self) -> float:
-        return self._only().get()
 
 
 class Histogram(_Family[_HistogramSeries]):
@@ -333,8 +325,7 @@ class Histogram(_Family[_HistogramSeries]):
         labelnames: Sequence[str] = (),
         *,
         buckets: Iterable[float],
-        registry: Registry | None = None,
-        capped: Mapping[str, int] | None = None,
+        **options: Unpack[_FamilyOptions],
     ) -> None:
         if "le" in labelnames:
             raise ValueError("'le' is the bucket label of a histogram")
@@ -345,7 +336,7 @@ class Histogram(_Family[_HistogramSeries]):
             bounds.append(INF)
         self.buckets = tuple(bounds)
         self._le_texts = [f'le="{format_float(b)}"' for b in bounds]
-        super().__init__(name, documentation, labelnames, registry=registry, capped=capped)
+        super().__init__(name, documentation, labelnames, **options)
 
     def _new_series(self, values: tuple[str, ...]) -> _HistogramSeries:
         return _HistogramSeries(
