@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Required, TypedDict, TypeVar, Unpack
 
 from gpu_share.errors import GpuShareError
 
@@ -47,6 +47,14 @@ class Backoff:
     def delay(self, failures: int) -> float:
         base = min(self.max_s, self.initial_s * 2.0 ** min(max(failures - 1, 0), 32))
         return base * (0.5 + random.random() / 2)
+
+
+class LoopOptions(TypedDict, total=False):
+    """How ``LoopSupervisor.run`` (and ``spawn``) runs a loop."""
+
+    max_age_s: Required[float]  # liveness fails when the loop has not beaten for longer
+    stop: threading.Event | None  # default: the supervisor's stop_event
+    once: bool  # stop after the first call that succeeds
 
 
 @dataclass
@@ -140,20 +148,14 @@ class LoopSupervisor:
     # ---- running --------------------------------------------------------------------
 
     def spawn(
-        self,
-        name: str,
-        step: Callable[[], None],
-        *,
-        max_age_s: float,
-        stop: threading.Event | None = None,
-        once: bool = False,
+        self, name: str, step: Callable[[], None], **options: Unpack[LoopOptions]
     ) -> threading.Thread:
         """``run`` in a daemon thread called ``name``."""
-        self.register(name, max_age_s)
+        self.register(name, options["max_age_s"])
         t = threading.Thread(
             target=self.run,
             args=(name, step),
-            kwargs={"max_age_s": max_age_s, "stop": stop, "once": once, "registered": True},
+            kwargs={**options, "registered": True},
             name=name,
             daemon=True,
         )
