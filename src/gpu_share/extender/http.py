@@ -21,7 +21,13 @@ from typing import Any, Generic, TypeVar
 
 from gpu_share.extender import validate
 from gpu_share.extender.core import Extender
-from gpu_share.observability.http import BoundedHandler, BoundedServer, ServerLimits
+from gpu_share.observability.http import (
+    JSON_TYPE,
+    NOT_FOUND,
+    BoundedServer,
+    JsonHandler,
+    ServerLimits,
+)
 from gpu_share.observability.metrics import OTHER_VERB, ExtenderMetrics
 
 log = logging.getLogger(__name__)
@@ -40,7 +46,6 @@ EXTENDER_LIMITS = ServerLimits(
     max_body_bytes=4 * MiB,
 )
 INTERNAL_ERROR = "internal error (see the extender log)"
-NOT_FOUND = "no such route"
 
 
 def _outcome(code: int, answer: object) -> str:
@@ -98,7 +103,7 @@ class _Served:
             self.metrics.observe_filter(*_filter_counts(answer))
 
 
-class _ExtenderHandler(BoundedHandler):
+class _ExtenderHandler(JsonHandler):
     """The scheduler's calls; ``served`` is set on the subclass ``make_server`` builds."""
 
     served: _Served
@@ -120,23 +125,16 @@ class _ExtenderHandler(BoundedHandler):
             self.served.count(self.path, code, None, self._started)
         super().send_error(code, message, explain)
 
-    def error_body(self, code: int, reason: str) -> tuple[bytes, str]:
-        return json.dumps({"Error": reason}).encode(), "application/json"
+    def error_json(self, reason: str) -> object:
+        return {"Error": reason}
 
-    def _json(self, code: int, body: Any) -> None:
-        self.send_body(code, json.dumps(body).encode(), "application/json")
-
-    def do_GET(self) -> None:
-        if self.path.split("?", 1)[0] in ("/healthz", "/readyz"):
-            ok, reason = _probe(self.served.liveness)
-            self._json(200 if ok else 503, {"status": reason})
-        else:
-            self._json(404, {"Error": NOT_FOUND})
+    def probe(self) -> tuple[bool, str]:
+        return _probe(self.served.liveness)
 
     def do_POST(self) -> None:
         code, answer, data = self._answer()
         self.served.count(self.path, code, answer, self._started)
-        self.send_body(code, data, "application/json")
+        self.send_body(code, data, JSON_TYPE)
 
     def _answer(self) -> tuple[int, object, bytes]:
         code, answer = self._run()
@@ -149,7 +147,7 @@ class _ExtenderHandler(BoundedHandler):
         return code, answer, json.dumps(answer).encode()
 
     def _run(self) -> tuple[int, object]:
-        route = self.path.split("?", 1)[0].rstrip("/")
+        route = self.route()
         entry = self.served.routes.get(route)
         if entry is None:
             return 404, {"Error": NOT_FOUND}

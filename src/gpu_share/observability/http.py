@@ -43,8 +43,11 @@ from collections.abc import Callable
 from http import HTTPStatus
 
 from gpu_share.observability.http_handler import (
+    JSON_TYPE,
+    NOT_FOUND,
     REASON_LIMIT,
     BoundedHandler,
+    JsonHandler,
     ServerLimits,
     clip,
     short_repr,
@@ -54,12 +57,15 @@ from gpu_share.observability.prom import CONTENT_TYPE, Gauge, Registry
 
 __all__ = [
     "AGENT_LIMITS",
+    "JSON_TYPE",
+    "NOT_FOUND",
     "READY_METRIC",
     "REASON_LIMIT",
     "BoundedHandler",
     "BoundedServer",
     "Heartbeat",
     "HttpHandle",
+    "JsonHandler",
     "Probe",
     "ServerLimits",
     "clip",

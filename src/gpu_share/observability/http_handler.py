@@ -8,6 +8,7 @@ how long the body is or why the request is refused, and ``do_*`` runs with the b
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 from dataclasses import dataclass
@@ -21,6 +22,9 @@ from gpu_share.observability.http_io import Reader, Writer
 log = logging.getLogger(__name__)
 
 REASON_LIMIT = 100  # characters of any text derived from a request in an answer
+JSON_TYPE = "application/json"
+NOT_FOUND = "no such route"
+PROBE_PATHS = ("/healthz", "/readyz")
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 
@@ -191,3 +195,33 @@ class BoundedHandler(BaseHTTPRequestHandler):
             return False
         self.body = data
         return True
+
+
+class JsonHandler(BoundedHandler):
+    """Base of the JSON front-ends (extender, webhook): every answer is JSON, an error one
+    shaped by ``error_json``; ``GET`` answers the probes (``probe``) and 404 otherwise."""
+
+    def error_json(self, reason: str) -> object:
+        """The JSON value of an error answer."""
+        raise NotImplementedError
+
+    def probe(self) -> tuple[bool, str]:
+        """(healthy, status text) for ``/healthz`` and ``/readyz``."""
+        return True, "ok"
+
+    def error_body(self, code: int, reason: str) -> tuple[bytes, str]:
+        return json.dumps(self.error_json(reason)).encode(), JSON_TYPE
+
+    def send_json(self, code: int, body: Any) -> None:
+        self.send_body(code, json.dumps(body).encode(), JSON_TYPE)
+
+    def route(self) -> str:
+        """The request's path without its query and trailing slash."""
+        return self.path.split("?", 1)[0].rstrip("/")
+
+    def do_GET(self) -> None:
+        if self.path.split("?", 1)[0] in PROBE_PATHS:
+            ok, status = self.probe()
+            self.send_json(200 if ok else 503, {"status": status})
+        else:
+            self.send_json(404, self.error_json(NOT_FOUND))

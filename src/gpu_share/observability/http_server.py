@@ -456,14 +456,16 @@ class BoundedServer:
 
 
 def server_tls_context(
-    cert_file: str, key_file: str, client_ca_file: str | None = None
+    cert_file: str, key_file: str, client_ca_file: str | None = None,
+    *, client_cert: ssl.VerifyMode = ssl.CERT_REQUIRED,
 ) -> ssl.SSLContext:
     """TLS 1.2+ server context; with ``client_ca_file`` a client certificate signed by
-    that CA is required (mutual TLS)."""
+    that CA is required (mutual TLS), or with ``client_cert=CERT_OPTIONAL`` only checked
+    when one is sent."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.load_cert_chain(cert_file, key_file)
     if client_ca_file:
         ctx.load_verify_locations(cafile=client_ca_file)
-        ctx.verify_mode = ssl.CERT_REQUIRED
+        ctx.verify_mode = client_cert
     return ctx

@@ -13,13 +13,11 @@ answer is 200 with an AdmissionReview carrying it (review.py); never 500.
 
 from __future__ import annotations
 
-import json
 import logging
 import ssl
 from collections.abc import Callable
-from typing import Any
 
-from gpu_share.observability.http import BoundedHandler, BoundedServer, ServerLimits
+from gpu_share.observability.http import NOT_FOUND, BoundedServer, JsonHandler, ServerLimits
 from gpu_share.webhook.review import Mutator, error_body
 
 log = logging.getLogger(__name__)
@@ -37,7 +35,6 @@ WEBHOOK_LIMITS = ServerLimits(
     idle_timeout_s=60.0,
     max_body_bytes=1 * MiB,
 )
-NOT_FOUND = "no such route"
 NO_CLIENT_CERT = "a client certificate is required"
 
 
@@ -54,29 +51,23 @@ def make_server(
     """The webhook's server, bound and not yet serving (``start``/``serve_forever``).
     ``ssl_context`` None serves plain HTTP (tests only: the API server calls HTTPS)."""
 
-    class Handler(BoundedHandler):
-        def error_body(self, code: int, reason: str) -> tuple[bytes, str]:
-            return json.dumps(error_body(reason)).encode(), "application/json"
+    class Handler(JsonHandler):
+        def error_json(self, reason: str) -> object:
+            return error_body(reason)
 
-        def _json(self, code: int, body: Any) -> None:
-            self.send_body(code, json.dumps(body).encode(), "application/json")
-
-        def do_GET(self) -> None:
-            if self.path.split("?", 1)[0] in ("/healthz", "/readyz"):
-                ok = _alive(liveness)
-                self._json(200 if ok else 503, {"status": "ok" if ok else "not ok"})
-            else:
-                self._json(404, error_body(NOT_FOUND))
+        def probe(self) -> tuple[bool, str]:
+            ok = _alive(liveness)
+            return ok, "ok" if ok else "not ok"
 
         def do_POST(self) -> None:
-            if self.path.split("?", 1)[0].rstrip("/") != "/mutate":
-                self._json(404, error_body(NOT_FOUND))
+            if self.route() != "/mutate":
+                self.send_json(404, error_body(NOT_FOUND))
                 return
             if require_client_cert and not _has_client_cert(self.connection):
-                self._json(403, error_body(NO_CLIENT_CERT))
+                self.send_json(403, error_body(NO_CLIENT_CERT))
                 return
             code, answer = mutator.handle(self.body)
-            self._json(code, answer)
+            self.send_json(code, answer)
 
     return BoundedServer(Handler, (host, port), limits, ssl_context=ssl_context, name="webhook")
 

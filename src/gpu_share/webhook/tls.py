@@ -16,6 +16,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from gpu_share.observability.http import server_tls_context
+
 log = logging.getLogger(__name__)
 
 __all__ = ["ReloadingTLS", "server_context"]
@@ -27,13 +29,7 @@ def server_context(cert_file: str, key_file: str, client_ca: str | None = None
     certificate is asked for and, when one is sent, must be signed by that CA; one may be
     absent (the kubelet's probes send none): ``make_server(require_client_cert=True)``
     refuses reviews on such connections."""
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(cert_file, key_file)
-    if client_ca:
-        ctx.load_verify_locations(cafile=client_ca)
-        ctx.verify_mode = ssl.CERT_OPTIONAL
-    return ctx
+    return server_tls_context(cert_file, key_file, client_ca, client_cert=ssl.CERT_OPTIONAL)
 
 
 def _stamp(path: str) -> tuple[int, int, int] | None:
