@@ -17,6 +17,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from gpu_share.cli.server_flags import add_server_flags, server_limits
 from gpu_share.config.model import ResourcesConfig
 from gpu_share.errors import UsageError
 from gpu_share.extender.core import Extender, ExtenderSettings
@@ -99,17 +100,7 @@ def serving(a: argparse.Namespace) -> Serving:
             "--tls-cert-file, --tls-key-file and --client-ca-file; "
             "--insecure-allow-unauthenticated is for test clusters only"
         )
-    try:
-        limits = ServerLimits(
-            workers=a.workers,
-            queue=max(EXTENDER_LIMITS.queue, 4 * a.workers),
-            max_connections=max(EXTENDER_LIMITS.max_connections, 16 * a.workers),
-            read_timeout_s=a.read_timeout_seconds,
-            idle_timeout_s=a.idle_timeout_seconds,
-            max_body_bytes=a.max_body_bytes,
-        )
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    limits = server_limits(a, EXTENDER_LIMITS)
     try:
         ctx = server_tls_context(cert, key, ca or None) if cert else None
     except (OSError, ssl.SSLError) as e:
@@ -147,26 +138,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="serve plain HTTP off loopback (test clusters only)",
     )
-    ap.add_argument(
-        "--max-body-bytes",
-        type=int,
-        default=env("GPU_SHARE_EXTENDER_MAX_BODY_BYTES", str(EXTENDER_LIMITS.max_body_bytes)),
-    )
-    ap.add_argument(
-        "--read-timeout-seconds",
-        type=float,
-        default=env("GPU_SHARE_EXTENDER_READ_TIMEOUT_SECONDS", "10"),
-        help="to receive a whole request (and to send each answer)",
-    )
-    ap.add_argument(
-        "--idle-timeout-seconds",
-        type=float,
-        default=env("GPU_SHARE_EXTENDER_IDLE_TIMEOUT_SECONDS", "30"),
-        help="a kept-alive connection without a request is closed after this",
-    )
-    # String defaults: argparse converts them with ``type``, so a bad env value is a
-    # usage error (exit 2), not a traceback.
-    ap.add_argument("--workers", type=int, default=env("GPU_SHARE_EXTENDER_WORKERS", "16"))
+    add_server_flags(ap, "GPU_SHARE_EXTENDER", EXTENDER_LIMITS)
     ap.add_argument("--domain", default=env("GPU_SHARE_DOMAIN", "vendor.com"))
     ap.add_argument("--memory-name", default=env("GPU_SHARE_MEMORY_NAME", "vcuda-memory"))
     ap.add_argument("--core-name", default=env("GPU_SHARE_CORE_NAME", "vcuda-core"))

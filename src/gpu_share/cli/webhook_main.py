@@ -14,6 +14,7 @@ import threading
 
 from pydantic import ValidationError
 
+from gpu_share.cli.server_flags import add_server_flags, server_limits
 from gpu_share.config.model import AgentConfig, ResourcesConfig
 from gpu_share.errors import KubeAccessError, UsageError
 from gpu_share.kube.claim_templates import ClaimTemplates, OptInNamespaces
@@ -52,13 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="MiB per memory unit: the agents' memoryUnitMiB")
     ap.add_argument("--device-class", default=env("GPU_SHARE_DEVICE_CLASS",
                                                   DEFAULT_DEVICE_CLASS))
-    ap.add_argument("--max-body-bytes", type=int, default=env(
-        "GPU_SHARE_WEBHOOK_MAX_BODY_BYTES", str(WEBHOOK_LIMITS.max_body_bytes)))
-    ap.add_argument("--read-timeout-seconds", type=float,
-                    default=env("GPU_SHARE_WEBHOOK_READ_TIMEOUT_SECONDS", "5"))
-    ap.add_argument("--idle-timeout-seconds", type=float,
-                    default=env("GPU_SHARE_WEBHOOK_IDLE_TIMEOUT_SECONDS", "60"))
-    ap.add_argument("--workers", type=int, default=env("GPU_SHARE_WEBHOOK_WORKERS", "8"))
+    add_server_flags(ap, "GPU_SHARE_WEBHOOK", WEBHOOK_LIMITS)
     ap.add_argument("--api-budget-seconds", type=float,
                     default=env("GPU_SHARE_WEBHOOK_API_BUDGET_SECONDS", "2"),
                     help="time to start API calls for one review (timeoutSeconds is 5)")
@@ -102,17 +97,7 @@ def namespace_label_of(a: argparse.Namespace) -> tuple[str, str]:
 
 
 def limits_of(a: argparse.Namespace) -> ServerLimits:
-    try:
-        return ServerLimits(
-            workers=a.workers,
-            queue=max(WEBHOOK_LIMITS.queue, 4 * a.workers),
-            max_connections=max(WEBHOOK_LIMITS.max_connections, 16 * a.workers),
-            read_timeout_s=a.read_timeout_seconds,
-            idle_timeout_s=a.idle_timeout_seconds,
-            max_body_bytes=a.max_body_bytes,
-        )
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    return server_limits(a, WEBHOOK_LIMITS)
 
 
 def _tls(a: argparse.Namespace) -> ReloadingTLS:
