@@ -11,7 +11,8 @@ import pytest
 
 from gpu_share.cli import kubectl_cordon as kc
 from gpu_share.cli import kubectl_format as fmt
-from gpu_share.cli.kubectl_view import Settings, Snapshot, node_rows
+from gpu_share.cli.kubectl_snapshot import Settings, Snapshot
+from gpu_share.cli.kubectl_view import node_rows
 from gpu_share.kube.rest import RestClient
 from gpu_share.sharing.annotations import InventoryAnnotation, InventoryDevice, inventory_key
 from gpu_share.sharing.cordon import Cordon, cordon_key, parse_cordon

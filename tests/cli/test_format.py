@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from gpu_share.cli import kubectl_format as fmt
-from gpu_share.cli.kubectl_view import DeviceRow, FitResult, FitRow, NodeRow, SliceRow
+from gpu_share.cli.kubectl_fit import FitResult, FitRow
+from gpu_share.cli.kubectl_view import DeviceRow, NodeRow, SliceRow
 
 
 @pytest.mark.parametrize(

@@ -22,9 +22,10 @@ from kubernetes import client as k8s
 
 from gpu_share.cli import kubectl_plot as kplot
 from gpu_share.cli import kubectl_plugin as kp
-from gpu_share.cli.kubectl_view import Settings
+from gpu_share.cli.kubectl_snapshot import Settings
 from gpu_share.kube.client import make_api_client
-from gpu_share.kube.rest import ApiError, RestClient, kubeconfig_config
+from gpu_share.kube.rest import ApiError, RestClient
+from gpu_share.kube.rest_config import kubeconfig_config
 from gpu_share.sharing.annotations import InventoryAnnotation, inventory_key
 from tests.cli.test_l3_kubectl_plugin import _kubeconfig, _reader_token
 from tests.cli.test_plot import _parsed, cell_colours, fleet_objects, read_png

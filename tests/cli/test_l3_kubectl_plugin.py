@@ -26,11 +26,14 @@ from kube_fakes import ApiServer
 from kubernetes import client as k8s
 
 from gpu_share.cli import kubectl_plugin as kp
-from gpu_share.cli.kubectl_view import DEFAULT_WORKLOAD, Settings, parse_workload, probe_pod
+from gpu_share.cli.kubectl_fit import DEFAULT_WORKLOAD, parse_workload, probe_pod
+from gpu_share.cli.kubectl_snapshot import Settings
 from gpu_share.extender.core import Extender, ExtenderSettings
+from gpu_share.kube.binder import KubeBinder
 from gpu_share.kube.client import make_api_client
-from gpu_share.kube.cluster_view import KubeBinder, KubeClusterView
-from gpu_share.kube.rest import ApiError, RestClient, kubeconfig_config
+from gpu_share.kube.cluster_view import KubeClusterView
+from gpu_share.kube.rest import ApiError, RestClient
+from gpu_share.kube.rest_config import kubeconfig_config
 from gpu_share.sharing.placement import make_policy
 from tests.cli.objects import CORE, KEY, MEM, assignment, node_obj, pod_obj
 from tests.harness import K8S_VERSION

@@ -18,7 +18,8 @@ import pytest
 
 from gpu_share.cli import kubectl_plot as kplot
 from gpu_share.cli import kubectl_plugin as kp
-from gpu_share.cli.kubectl_view import DEFAULT_WORKLOAD, Settings, Snapshot, parse_workload
+from gpu_share.cli.kubectl_fit import DEFAULT_WORKLOAD, parse_workload
+from gpu_share.cli.kubectl_snapshot import Settings, Snapshot
 from gpu_share.sharing.placement import DeviceSlot, NodeSlots, Shape, Workload
 from tests.cli.objects import POOL, assignment, node_obj, pod_obj
 

@@ -6,19 +6,9 @@ from __future__ import annotations
 
 import json
 
-from gpu_share.cli.kubectl_view import (
-    DEFAULT_WORKLOAD,
-    Settings,
-    Snapshot,
-    SnapshotView,
-    fit,
-    largest_free,
-    node_problems,
-    node_rows,
-    parse_workload,
-    probe_pod,
-    slice_rows,
-)
+from gpu_share.cli.kubectl_fit import DEFAULT_WORKLOAD, SnapshotView, fit, parse_workload, probe_pod
+from gpu_share.cli.kubectl_snapshot import Settings, Snapshot
+from gpu_share.cli.kubectl_view import largest_free, node_problems, node_rows, slice_rows
 from gpu_share.sharing.annotations import enforcement_key, inventory_key
 from gpu_share.sharing.decision import ContainerDecision, Decision, decision_key, sign
 from gpu_share.sharing.model import ContainerRequest

@@ -9,7 +9,8 @@ import pytest
 
 from gpu_share.config.model import AgentConfig, HealthConfig
 from gpu_share.devices.factory import NoDevicesBackend, start_backend
-from gpu_share.devices.nvml import NvmlBackend, classify_xid, normalize_bus_id
+from gpu_share.devices.nvml import NvmlBackend, normalize_bus_id
+from gpu_share.devices.nvml_health import classify_xid
 from gpu_share.errors import DeviceBackendError
 from tests.devices.conftest import FakeClock
 

@@ -57,7 +57,8 @@ def extender_and_scheduler(
     key: bytes,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """Yields the scheduler process; its log is ``workdir/sched.log``."""
-    from gpu_share.kube.cluster_view import KubeBinder, KubeClusterView
+    from gpu_share.kube.binder import KubeBinder
+    from gpu_share.kube.cluster_view import KubeClusterView
 
     view = KubeClusterView(
         api, domain="vendor.com", memory_resource=MEM, core_resource=CORE,

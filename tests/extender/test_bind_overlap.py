@@ -15,7 +15,8 @@ from kubernetes import client as k8s
 
 from gpu_share.errors import BindRefused, KubeAccessError
 from gpu_share.extender.core import Extender, ExtenderSettings
-from gpu_share.kube.cluster_view import KubeBinder, KubeClusterView
+from gpu_share.kube.binder import KubeBinder
+from gpu_share.kube.cluster_view import KubeClusterView
 from gpu_share.sharing.model import ResourceNames
 from gpu_share.sharing.placement import make_policy
 from tests.extender.test_view import CORE, DOM, KEY, MEM, _view

@@ -225,7 +225,7 @@ def test_untrusted_annotations_are_logged_at_most_once_a_minute(
         default_workload=Workload([Shape(4, 30, 1.0)]), decision_key=KEY,
         clock=lambda: now[0], on_untrusted=seen.append,
     )
-    caplog.set_level("WARNING", logger="gpu_share.kube.cluster_view")
+    caplog.set_level("WARNING", logger="gpu_share.kube.view_trust")
     for i in range(50):
         v._apply("pods", "ADDED", _pod(f"u{i}", {assignment_key(DOM): FULL.encode()}))
     now[0] = 61.0

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from gpu_share.kube.cluster_view import KubeClusterView, slim_node, slim_pod
+from gpu_share.kube.cluster_view import KubeClusterView
 from gpu_share.kube.listwatch import _all_pages
+from gpu_share.kube.view_objects import slim_node, slim_pod
 from gpu_share.sharing.decision import ContainerDecision, Decision, decision_key, sign
 from gpu_share.sharing.model import ContainerRequest
 from tests.kube.test_cluster_view_cache import CORE, KEY, MEM, NODES, Clock, World, new_view

@@ -516,7 +516,7 @@ def test_only_the_extender_binds_with_a_decision(env: Env) -> None:
         refused(lambda bind=bind: bind(binding(p1, {DECISION: "x"})))  # type: ignore[misc]
     env.tenant.create_namespaced_binding(env.ns, binding(p1, None), _preload_content=False)
 
-    # The extender's own calls (kube/cluster_view.py): patch, then bind.
+    # The extender's own calls (kube/binder.py): patch, then bind.
     p2 = env.create_as_tenant(env.pod([container(mem=1)])).metadata.name
     env.extender.patch_namespaced_pod(p2, env.ns, {"metadata": {"annotations": {DECISION: "d"}}})
     env.extender.create_namespaced_binding(

@@ -23,8 +23,9 @@ from gpu_share.errors import UsageError
 from gpu_share.extender.core import Extender, ExtenderSettings
 from gpu_share.extender.http import EXTENDER_LIMITS, make_server
 from gpu_share.extender.ports import ClusterView
+from gpu_share.kube.binder import KubeBinder
 from gpu_share.kube.client import make_api_client
-from gpu_share.kube.cluster_view import KubeBinder, KubeClusterView
+from gpu_share.kube.cluster_view import KubeClusterView
 from gpu_share.observability.http import (
     BoundedServer,
     HttpHandle,

@@ -10,7 +10,8 @@ from typing import Any
 
 import yaml
 
-from gpu_share.cli.kubectl_view import DeviceRow, FitResult, NodeRow, SliceRow
+from gpu_share.cli.kubectl_fit import FitResult
+from gpu_share.cli.kubectl_view import DeviceRow, NodeRow, SliceRow
 
 BAR_WIDTH = 10
 

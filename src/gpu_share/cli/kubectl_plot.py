@@ -9,8 +9,9 @@ devices are dark with a red cross; cordoned ones have a black frame.
 
 The data is what ``nodes`` and ``fit`` read: one LIST of nodes and one of live pods
 (pending pods too: their asks are part of the workload the extender's fgd policy uses),
-through ``kubectl_view``. The PNG is written here (zlib + struct, a 3x5 bitmap font): no
-imaging library to install for a picture of flat rectangles.
+through ``kubectl_snapshot`` and ``kubectl_view``. The PNG is written here (zlib +
+struct, a 3x5 bitmap font): no imaging library to install for a picture of flat
+rectangles.
 """
 
 from __future__ import annotations
@@ -28,16 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpu_share.cli.kubectl_view import (
-    DEFAULT_WORKLOAD,
-    NodeRow,
-    Settings,
-    Snapshot,
-    SnapshotView,
-    node_problems,
-    node_rows,
-    parse_workload,
-)
+from gpu_share.cli.kubectl_fit import DEFAULT_WORKLOAD, SnapshotView, parse_workload
+from gpu_share.cli.kubectl_snapshot import Settings, Snapshot
+from gpu_share.cli.kubectl_view import NodeRow, node_problems, node_rows
 from gpu_share.sharing.placement import MILLI, NodeSlots, Workload, make_policy
 from gpu_share.sharing.placement.fragmentation import (
     amount,

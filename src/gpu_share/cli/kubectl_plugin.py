@@ -38,18 +38,9 @@ from typing import Any
 
 from gpu_share.cli import kubectl_cordon, kubectl_plot
 from gpu_share.cli import kubectl_format as fmt
-from gpu_share.cli.kubectl_view import (
-    DEFAULT_WORKLOAD,
-    Settings,
-    Snapshot,
-    SnapshotView,
-    fit,
-    node_problems,
-    node_rows,
-    parse_workload,
-    probe_pod,
-    slice_rows,
-)
+from gpu_share.cli.kubectl_fit import DEFAULT_WORKLOAD, SnapshotView, fit, parse_workload, probe_pod
+from gpu_share.cli.kubectl_snapshot import Settings, Snapshot
+from gpu_share.cli.kubectl_view import node_problems, node_rows, slice_rows
 from gpu_share.errors import GpuShareError, KubeAccessError
 from gpu_share.kube.listwatch import rest_paged_list
 from gpu_share.kube.rest import ApiError, KubeTimeouts, RestClient, load_rest_config, quote_name

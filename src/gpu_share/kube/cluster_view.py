@@ -1,4 +1,4 @@
-"""The extender's cluster view (``extender.ports.ClusterView``) and binder, on the API server.
+"""The extender's cluster view (``extender.ports.ClusterView``) on the API server.
 
 Nodes and pods are kept in memory by list+watch (``kube.listwatch.ListWatch``, one
 daemon thread each: relisting on HTTP 410, on a periodic resync, and after any error
@@ -8,10 +8,9 @@ annotation with the annotations of its pods and pending reservations
 pod bound to it, so the policy scores host resources as the trace replay does.
 
 Pod annotations are tenant-writable, so a pod's ``decision`` and ``assignment`` count only
-when their HMAC verifies under the extender's key AND they were signed for that pod's UID
-on the node it is bound to (``_trusted``, computed once per watch event). Anything else is
-ignored (counted in ``untrusted`` by reason, logged at most once a minute) and the pod is
-accounted as an unannotated one: by the node's inventory annotation (the agent's ledger).
+when they verify for that pod on its node (``view_trust``; ``_trusted``, computed once per
+watch event). Otherwise the pod is accounted as an unannotated one: by the node's
+inventory annotation (the agent's ledger). The binder is ``kube.binder.KubeBinder``.
 """
 
 from __future__ import annotations
@@ -27,35 +26,25 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from gpu_share.errors import BindRefused
-from gpu_share.kube.client import KubeTimeouts, access_error, api_status, call_json
+from gpu_share.kube.client import KubeTimeouts, access_error, call_json
 from gpu_share.kube.listwatch import ListWatch, WatchBackoff, kube_watch, paged_list
+from gpu_share.kube.view_objects import allocatable, slim_node, slim_pod
+from gpu_share.kube.view_trust import AnnotationTrust
 from gpu_share.observability.loops import LoopSupervisor
 from gpu_share.sharing.annotations import (
-    MALFORMED,
     AnnotationError,
     InventoryAnnotation,
-    assignment_key,
     enforcement_key,
     enforcement_problem,
     inventory_key,
-    verify_assignment,
-)
-from gpu_share.sharing.decision import (
-    DecisionError,
-    decision_key,
-    under_any_key,
-    verify_binding,
 )
 from gpu_share.sharing.model_req import DEFAULT_MODEL_LABEL, node_model
 from gpu_share.sharing.placement import ModelReq, NodeSlots, Shape, Workload
 from gpu_share.sharing.placement.view import Usage, node_slots, pod_usage
 from gpu_share.sharing.pod_request import PodRequest, read_pod_request
-from gpu_share.sharing.quantity import QuantityError, cpu_milli, memory_mib
 
 log = logging.getLogger(__name__)
 PENDING_TTL_S = 120.0  # a reservation the watch never confirmed is dropped after this
-UNTRUSTED_LOG_EVERY_S = 60.0  # ignored annotations: one summary log line at most this often
 WATCH_TIMEOUT_S = 300  # server-side end of one watch
 WATCH_BACKOFF = WatchBackoff(0.5, 30.0)  # pause after failed watches (jittered, growing)
 WATCH_RESYNC_S = 1800.0  # a full relist now and then repairs any event missed
@@ -89,10 +78,9 @@ class KubeClusterView:
         self._core = k8s.CoreV1Api(api_client)
         self._domain = domain
         self._key = decision_key
-        self._keys = (decision_key, *previous_keys)  # verify with any (a key rotation)
-        self._on_untrusted = on_untrusted
-        self.untrusted: Counter[str] = Counter()  # reason -> annotations ignored
-        self._untrusted_logged: tuple[float, int] = (float("-inf"), 0)
+        self._verifier = AnnotationTrust(domain, (decision_key, *previous_keys), clock,
+                                         on_untrusted)
+        self.untrusted: Counter[str] = self._verifier.untrusted  # reason -> ignored
         # uid -> the pod's annotations that verified (what node() counts)
         self._trusted: dict[str, dict[str, str]] = {}
         # node -> uids of the pods bound there with a trusted decision: node() reads only
@@ -318,50 +306,6 @@ class KubeClusterView:
             log.warning("pod %s/%s: %s", meta.get("namespace"), meta.get("name"), ask.problems[0])
         return ask
 
-    def _trust(self, uid: str, node: str, pod: Mapping[str, Any]) -> dict[str, str]:
-        """The pod's decision/assignment annotations that verify for (uid, node)."""
-        ann = (pod.get("metadata") or {}).get("annotations") or {}
-        out: dict[str, str] = {}
-        if not node:
-            return out  # annotated but not bound yet: nothing to count, nothing to judge
-        checks: tuple[tuple[str, Callable[[str, bytes, str, str], object]], ...] = (
-            (assignment_key(self._domain), verify_assignment),
-            (decision_key(self._domain), verify_binding),
-        )
-        for key, check in checks:
-            text = ann.get(key)
-            if not isinstance(text, str) or not text:
-                continue
-            try:
-                under_any_key(self._keys, partial(_verify, check, text, uid, node))
-            except (AnnotationError, DecisionError) as e:
-                self._untrusted(e.reason, pod)
-                continue
-            except Exception:  # tenant input must never break the watch
-                self._untrusted(MALFORMED, pod)
-                continue
-            out[key] = text
-        return out
-
-    def _untrusted(self, reason: str, pod: Mapping[str, Any]) -> None:
-        self.untrusted[reason] += 1
-        if self._on_untrusted is not None:
-            try:
-                self._on_untrusted(reason)
-            except Exception:  # a broken metric hook must not break the watch
-                log.exception("on_untrusted hook failed")
-        now, total = self._clock(), sum(self.untrusted.values())
-        last, seen = self._untrusted_logged
-        if now - last >= UNTRUSTED_LOG_EVERY_S:
-            meta = pod.get("metadata") or {}
-            who = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-            log.warning(
-                "ignoring gpu-share annotations that do not verify (%s on pod %s; %d ignored "
-                "since the last report, by reason: %s)",
-                reason, who[:200], total - seen, dict(self.untrusted),
-            )
-            self._untrusted_logged = (now, total)
-
     def _apply(self, what: str, etype: str, obj: Mapping[str, Any]) -> None:
         if what == "nodes":
             self._apply_node(etype, obj)
@@ -387,7 +331,7 @@ class KubeClusterView:
                 self._unavailable.pop(name, None)
             else:
                 self._nodes[name] = inv
-                self._alloc[name] = _allocatable(obj)
+                self._alloc[name] = allocatable(obj)
                 first = inv.devices[0].model if inv.devices else ""
                 self._model[name] = node_model(meta.get("labels"), self._model_label, first)
                 self._unavailable[name] = enforcement_problem(
@@ -422,7 +366,7 @@ class KubeClusterView:
             self._pods[uid] = node
             self._asks[uid] = ask
             self._count(ask, 1)
-            trusted = self._trust(uid, node, obj)
+            trusted = self._verifier.trusted(uid, node, obj)
             if trusted:
                 self._trusted[uid] = trusted
             else:
@@ -489,104 +433,3 @@ def _discard(index: dict[str, set[str]], node: str, uid: str) -> None:
         on.discard(uid)
         if not on:
             del index[node]
-
-
-# What the view reads of an object. A list holds all its objects until they are applied:
-# 50,000 whole pods (managedFields, status, env...) took the extender to ~800 MiB RSS at
-# 5,000 nodes; the watch's objects are read one at a time and need no trimming.
-_POD_META = ("name", "namespace", "uid", "annotations")
-_POD_SPEC = ("nodeName", "nodeSelector", "affinity", "overhead")
-_CONTAINER = ("name", "resources", "restartPolicy")
-
-
-def _pick(obj: Any, keys: Sequence[str]) -> Any:
-    """Only ``keys`` of a mapping; anything else as it is (malformed stays malformed)."""
-    return {k: obj[k] for k in keys if k in obj} if isinstance(obj, Mapping) else obj
-
-
-def _containers_of(items: Any) -> Any:
-    return [_pick(c, _CONTAINER) for c in items] if isinstance(items, list) else items
-
-
-def slim_pod(obj: dict[str, Any]) -> dict[str, Any]:
-    out = {"metadata": _pick(obj.get("metadata"), _POD_META)}
-    spec = obj.get("spec")
-    if isinstance(spec, Mapping):
-        out["spec"] = _pick(spec, _POD_SPEC)
-        for field in ("initContainers", "containers"):
-            if field in spec:
-                out["spec"][field] = _containers_of(spec[field])
-    elif spec is not None:
-        out["spec"] = spec
-    if "status" in obj:
-        out["status"] = _pick(obj["status"], ("phase",))
-    return out
-
-
-def _verify(check: Callable[[str, bytes, str, str], object], text: str, uid: str, node: str,
-            key: bytes) -> object:
-    return check(text, key, uid, node)
-
-
-def slim_node(obj: dict[str, Any]) -> dict[str, Any]:
-    out = {"metadata": _pick(obj.get("metadata"), ("name", "labels", "annotations"))}
-    if "status" in obj:
-        out["status"] = _pick(obj["status"], ("allocatable",))
-    return out
-
-
-def _allocatable(node: Mapping[str, Any]) -> tuple[int | None, int | None]:
-    """The node's allocatable CPU (millicores) and memory (MiB); None = not reported."""
-    alloc = (node.get("status") or {}).get("allocatable") or {}
-    try:
-        cpu = cpu_milli(alloc["cpu"], up=False) if "cpu" in alloc else None
-        mem = memory_mib(alloc["memory"], up=False) if "memory" in alloc else None
-    except QuantityError as e:
-        log.warning("node %s: %s", (node.get("metadata") or {}).get("name"), e)
-        return (None, None)
-    return (cpu, mem)
-
-
-class KubeBinder:
-    """``extender.ports.Binder``: annotate (uid-checked merge patch), then bind."""
-
-    def __init__(self, api_client: k8s.ApiClient, timeouts: KubeTimeouts | None = None) -> None:
-        self._core = k8s.CoreV1Api(api_client)
-        self._t = timeouts or KubeTimeouts()
-
-    def annotate_and_bind(
-        self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]
-    ) -> None:
-        if annotations:
-            op = f"annotate pod {namespace}/{name}"
-            # metadata.uid in the patch makes the server refuse a same-named new pod.
-            body = {"metadata": {"uid": uid, "annotations": dict(annotations)}}
-            try:
-                call_json(
-                    op, self._core.patch_namespaced_pod, name, namespace, body, timeouts=self._t
-                )
-            except k8s.ApiException as e:
-                raise _bind_error(op, e) from e
-        op = f"bind pod {namespace}/{name} to {node}"
-        binding = {
-            "apiVersion": "v1",
-            "kind": "Binding",
-            "metadata": {"name": name, "uid": uid},
-            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
-        }
-        try:
-            call_json(
-                op, self._core.create_namespaced_binding, namespace, binding, timeouts=self._t
-            )
-        except k8s.ApiException as e:
-            raise _bind_error(op, e) from e
-
-
-def _bind_error(op: str, exc: k8s.ApiException) -> Exception:
-    """A 4xx answer means the call did nothing (BindRefused); a 5xx may have been
-    applied (an etcd write that timed out), so its outcome stays unknown."""
-    status = api_status(exc)
-    err = access_error(op, exc)
-    if status is not None and 400 <= status < 500:
-        return BindRefused(str(err))
-    return err

@@ -25,6 +25,7 @@ from tenacity import (
 )
 
 from gpu_share.errors import KubeAccessError
+from gpu_share.plugin import wire
 from gpu_share.plugin.handler import ResourceHandler
 from gpu_share.plugin.proto import deviceplugin_v1beta1_pb2 as dp
 from gpu_share.plugin.proto import deviceplugin_v1beta1_pb2_grpc as dp_grpc
@@ -57,10 +58,7 @@ def register_request(handler: ResourceHandler, endpoint: str | None = None) -> d
         version=API_VERSION,
         endpoint=endpoint if endpoint is not None else handler.endpoint,
         resource_name=handler.resource_name,
-        options=dp.DevicePluginOptions(
-            pre_start_required=handler.pre_start_required,
-            get_preferred_allocation_available=handler.preferred_allocation_available,
-        ),
+        options=wire.plugin_options(handler),
     )
 
 

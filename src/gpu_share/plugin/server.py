@@ -7,16 +7,17 @@ codes; every decision is the handler's.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import logging
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
 import grpc
 
@@ -35,6 +36,10 @@ from gpu_share.plugin.proto import deviceplugin_v1beta1_pb2_grpc as dp_grpc
 from gpu_share.sharing.model import AdvertisedDevice
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Q = TypeVar("Q")
+R = TypeVar("R")
 
 # Trailing-metadata key carrying the error's ``reason`` next to the status message.
 REASON_METADATA_KEY = "gpu-share-reason"
@@ -90,6 +95,20 @@ def _abort(context: grpc.ServicerContext, exc: Exception, call: str) -> NoReturn
     raise AssertionError("context.abort returned")  # it always raises
 
 
+def _aborting(rpc: Callable[[T, Q, grpc.ServicerContext], R]
+              ) -> Callable[[T, Q, grpc.ServicerContext], R]:
+    """A unary call whose error aborts it with its status code and reason (``_abort``)."""
+
+    @functools.wraps(rpc)
+    def call(self: T, request: Q, context: grpc.ServicerContext) -> R:
+        try:
+            return rpc(self, request, context)
+        except Exception as exc:
+            _abort(context, exc, rpc.__name__)
+
+    return call
+
+
 class DevicePluginServicer(dp_grpc.DevicePluginServicer):
     def __init__(
         self, handler: ResourceHandler, stopping: threading.Event, watch_poll_s: float
@@ -142,10 +161,7 @@ class DevicePluginServicer(dp_grpc.DevicePluginServicer):
     def GetDevicePluginOptions(
         self, request: dp.Empty, context: grpc.ServicerContext
     ) -> dp.DevicePluginOptions:
-        return dp.DevicePluginOptions(
-            pre_start_required=self._handler.pre_start_required,
-            get_preferred_allocation_available=self._handler.preferred_allocation_available,
-        )
+        return wire.plugin_options(self._handler)
 
     def ListAndWatch(
         self, request: dp.Empty, context: grpc.ServicerContext
@@ -178,45 +194,39 @@ class DevicePluginServicer(dp_grpc.DevicePluginServicer):
             except Exception as exc:
                 _abort(context, exc, "ListAndWatch")
 
+    @_aborting
     def GetPreferredAllocation(
         self, request: dp.PreferredAllocationRequest, context: grpc.ServicerContext
     ) -> dp.PreferredAllocationResponse:
-        try:
-            return dp.PreferredAllocationResponse(
-                container_responses=[
-                    dp.ContainerPreferredAllocationResponse(
-                        deviceIDs=self._handler.preferred_allocation(
-                            list(req.available_deviceIDs),
-                            list(req.must_include_deviceIDs),
-                            req.allocation_size,
-                        )
+        return dp.PreferredAllocationResponse(
+            container_responses=[
+                dp.ContainerPreferredAllocationResponse(
+                    deviceIDs=self._handler.preferred_allocation(
+                        list(req.available_deviceIDs),
+                        list(req.must_include_deviceIDs),
+                        req.allocation_size,
                     )
-                    for req in request.container_requests
-                ]
-            )
-        except Exception as exc:
-            _abort(context, exc, "GetPreferredAllocation")
+                )
+                for req in request.container_requests
+            ]
+        )
 
+    @_aborting
     def Allocate(
         self, request: dp.AllocateRequest, context: grpc.ServicerContext
     ) -> dp.AllocateResponse:
-        try:
-            return dp.AllocateResponse(
-                container_responses=[
-                    wire.allocate_response(self._handler.allocate(list(req.devices_ids)))
-                    for req in request.container_requests
-                ]
-            )
-        except Exception as exc:
-            _abort(context, exc, "Allocate")
+        return dp.AllocateResponse(
+            container_responses=[
+                wire.allocate_response(self._handler.allocate(list(req.devices_ids)))
+                for req in request.container_requests
+            ]
+        )
 
+    @_aborting
     def PreStartContainer(
         self, request: dp.PreStartContainerRequest, context: grpc.ServicerContext
     ) -> dp.PreStartContainerResponse:
-        try:
-            self._handler.pre_start(list(request.devices_ids))
-        except Exception as exc:
-            _abort(context, exc, "PreStartContainer")
+        self._handler.pre_start(list(request.devices_ids))
         return dp.PreStartContainerResponse()
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
+from gpu_share.plugin.handler import ResourceHandler
 from gpu_share.plugin.proto import deviceplugin_v1beta1_pb2 as dp
 from gpu_share.plugin.proto import podresources_v1_pb2 as pr
 from gpu_share.sharing.model import (
@@ -20,6 +21,14 @@ from gpu_share.sharing.model import (
 # Health strings the kubelet understands (k8s.io/kubelet deviceplugin constants).
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
+
+
+def plugin_options(handler: ResourceHandler) -> dp.DevicePluginOptions:
+    """The options the plugin of ``handler`` registers with and answers."""
+    return dp.DevicePluginOptions(
+        pre_start_required=handler.pre_start_required,
+        get_preferred_allocation_available=handler.preferred_allocation_available,
+    )
 
 
 def device_to_pb(device: AdvertisedDevice) -> dp.Device:

@@ -4,11 +4,9 @@ Used by the scheduler extender (``gpu_share.extender``) and the trace replay
 (``bench/replay``), so both place exactly alike. See docs/placement.md.
 """
 
-from gpu_share.sharing.placement.cluster import (
-    ClusterIndex,
-    PodScores,
+from gpu_share.sharing.placement.cluster import ClusterIndex, choose
+from gpu_share.sharing.placement.evaluate import (
     apply,
-    choose,
     evaluate_node,
     host_fits,
     host_nofit,
@@ -36,6 +34,7 @@ from gpu_share.sharing.placement.models import (
     ModelTerm,
     label_form,
 )
+from gpu_share.sharing.placement.pod_scores import PodScores
 from gpu_share.sharing.placement.policy import ClusterPolicy, ClusterPolicyName, make_policy
 
 __all__ = [
