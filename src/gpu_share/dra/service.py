@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import grpc
 
@@ -28,6 +28,8 @@ from gpu_share.dra.proto import dra_v1_pb2 as v1
 from gpu_share.dra.proto import dra_v1beta1_pb2 as v1beta1
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # One call names the claims of one pod for this driver: far fewer than this.
 MAX_CLAIMS = 256
@@ -109,6 +111,27 @@ def _device_pb(result: PrepareResult) -> list[v1.Device]:
     ]
 
 
+def _entry_error(error: str | None) -> str:
+    """A claim's entry error: none ('') when done, the driver's (bounded), or a retry
+    hint when the driver gave no result (None)."""
+    if error is None:
+        return "the driver returned no result for this claim; retry"
+    return guard.bounded(error) if error else ""
+
+
+def _results(
+    call: str, verb: str, claims: Sequence[ClaimRef],
+    run: Callable[[Sequence[ClaimRef]], Mapping[str, T]], failed: Callable[[str], T],
+) -> Mapping[str, T]:
+    """``run(claims)``; when it raises, ``failed(why)`` for every claim."""
+    try:
+        return run(claims)
+    except Exception as exc:
+        log.exception("%s of %d claim(s) failed", call, len(claims))
+        why = guard.bounded(f"{verb} failed: {_describe(exc)}")
+        return {ref.uid: failed(why) for ref in claims}
+
+
 def prepare_response(
     claims: Sequence[ClaimRef], results: Mapping[str, PrepareResult]
 ) -> v1.NodePrepareResourcesResponse:
@@ -117,11 +140,8 @@ def prepare_response(
     for ref in claims:
         result = results.get(ref.uid)
         entry = response.claims[ref.uid]
-        if result is None:
-            entry.error = "the driver returned no result for this claim; retry"
-        elif result.error:
-            entry.error = guard.bounded(result.error)
-        else:
+        entry.error = _entry_error(None if result is None else result.error)
+        if result is not None and not entry.error:
             entry.devices.extend(_device_pb(result))
     if response.ByteSize() > MAX_RESPONSE_BYTES:
         size = response.ByteSize()
@@ -141,12 +161,7 @@ def unprepare_response(
     """One entry per requested claim, empty when it is done."""
     response = v1.NodeUnprepareResourcesResponse()
     for ref in claims:
-        error = results.get(ref.uid)
-        entry = response.claims[ref.uid]
-        if error is None:
-            entry.error = "the driver returned no result for this claim; retry"
-        elif error:
-            entry.error = guard.bounded(error)
+        response.claims[ref.uid].error = _entry_error(results.get(ref.uid))
     return response
 
 
@@ -173,12 +188,10 @@ class DraService:
         claims = self._claims(request, context, PREPARE, need_names=True)
         if not claims:
             return v1.NodePrepareResourcesResponse()
-        try:
-            results = self._preparer.prepare(claims)
-        except Exception as exc:
-            log.exception("%s of %d claim(s) failed", PREPARE, len(claims))
-            why = guard.bounded(f"preparing failed: {_describe(exc)}")
-            results = {ref.uid: PrepareResult(error=why) for ref in claims}
+        results = _results(
+            PREPARE, "preparing", claims, self._preparer.prepare,
+            lambda why: PrepareResult(error=why),
+        )
         return prepare_response(claims, results)
 
     def node_unprepare(
@@ -188,12 +201,7 @@ class DraService:
         claims = self._claims(request, context, UNPREPARE, need_names=False)
         if not claims:
             return v1.NodeUnprepareResourcesResponse()
-        try:
-            results = self._preparer.unprepare(claims)
-        except Exception as exc:
-            log.exception("%s of %d claim(s) failed", UNPREPARE, len(claims))
-            why = guard.bounded(f"unpreparing failed: {_describe(exc)}")
-            results = {ref.uid: why for ref in claims}
+        results = _results(UNPREPARE, "unpreparing", claims, self._preparer.unprepare, str)
         return unprepare_response(claims, results)
 
     def handlers(self) -> list[grpc.GenericRpcHandler]:
