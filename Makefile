@@ -9,7 +9,7 @@ demo:
 	bash hack/demo.sh
 
 lint:
-	bash -c '. hack/lib/venv.sh && ensure_venv && ruff check src tests hack bench && mypy src/gpu_share && lint-imports && shell_lint'
+	bash -c '. hack/lib/venv.sh && ensure_venv && ruff check src tests hack bench && mypy src/gpu_share && lint-imports && shell_lint && python hack/module-size.py'
 
 # Apply ruff's automatic fixes (import order and the like) to what `lint` checks.
 fmt:
