@@ -162,7 +162,7 @@ def test_node_pod_cache_follows_the_real_watch(
         assert cache.get_pod(ns, "watched") is None
     finally:
         cache.stop(timeout=10)
-    assert cache._thread is not None and not cache._thread.is_alive()
+    assert cache._watch.thread is not None and not cache._watch.thread.is_alive()
 
 
 def _agent_token(

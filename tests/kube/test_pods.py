@@ -305,7 +305,7 @@ def test_cache_lists_watches_relists_on_410_and_stops() -> None:
         assert http.calls[-1].query["fieldSelector"] == "spec.nodeName=node-b"
     finally:
         cache.stop(timeout=5)
-    assert cache._thread is not None and not cache._thread.is_alive()
+    assert cache._watch.thread is not None and not cache._watch.thread.is_alive()
     assert poll(watches[-1].shut.is_set, 5)  # the server saw the watch closed
     assert not cache.synced
 
@@ -327,7 +327,7 @@ def test_cache_retries_after_errors_with_backoff_and_serves_gets_meanwhile() -> 
             cache.list_node_pods("node-a")  # unhealthy: direct list, which fails
     finally:
         cache.stop(timeout=5)
-    assert cache._thread is not None and not cache._thread.is_alive()
+    assert cache._watch.thread is not None and not cache._watch.thread.is_alive()
 
 
 def test_cache_refetches_terminating_pod() -> None:

@@ -64,7 +64,7 @@ def test_pod_watch_survives_a_nested_array_and_counts_it() -> None:
         assert sup.alive()
     finally:
         cache.stop(timeout=5)
-    assert cache._thread is not None and not cache._thread.is_alive()
+    assert cache._watch.thread is not None and not cache._watch.thread.is_alive()
 
 
 def test_cluster_view_watches_survive_a_nested_array_and_count_it() -> None:

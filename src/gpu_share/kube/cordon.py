@@ -44,9 +44,7 @@ class NodeCordonWatch:
         self._prefix = prefix
         self._on_change = on_change
         self._loops = loops
-        self._timeout_s = timeout_s
         self._last: dict[str, str] | None = None
-        self._thread: threading.Thread | None = None
         selector = f"metadata.name={node_name}"
         op = f"node {node_name}"
         self._watch = ListWatch(
@@ -62,13 +60,10 @@ class NodeCordonWatch:
         )
 
     def start(self) -> None:
-        loops = self._loops or LoopSupervisor()
-        self._thread = self._watch.start(loops, max_age_s=self._timeout_s + 180.0)
+        self._watch.start(self._loops)
 
     def stop(self, timeout_s: float = 1.0) -> None:
-        self._watch.stop()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
+        self._watch.stop(join_timeout_s=timeout_s)
 
     @property
     def synced(self) -> threading.Event:

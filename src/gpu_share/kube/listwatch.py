@@ -104,6 +104,10 @@ def _is_gone(exc: BaseException) -> bool:
 def _gone_event(obj: Mapping[str, Any]) -> bool:
     return obj.get("code") == 410 or obj.get("reason") in ("Expired", "Gone")
 
+# A quiet watch beats once per server-side timeout: the default max age allows that, a
+# read timeout and the longest pause, with room.
+QUIET_SLACK_S = 180.0
+
 
 class ListWatch:
     """List then watch one kind of object, until ``stop``; see the module docstring."""
@@ -147,29 +151,40 @@ class ListWatch:
         self._last_log: float | None = None
         self._suppressed = 0
         self.synced = threading.Event()  # set by each list, cleared by a failure
+        self.thread: threading.Thread | None = None  # once started
         self.lists = 0  # full lists made
         self.failures = 0  # consecutive
         self.errors = 0  # in all
 
     # ---- running ----------------------------------------------------------------------
 
-    def start(self, loops: LoopSupervisor, *, max_age_s: float) -> threading.Thread:
-        """``run`` in a daemon thread supervised by ``loops`` (its heartbeat, unless a
-        ``beat`` was given, is this watch's)."""
+    def start(
+        self, loops: LoopSupervisor | None = None, *, max_age_s: float | None = None
+    ) -> threading.Thread:
+        """``run`` in a daemon thread (``self.thread``) supervised by ``loops``, a private
+        supervisor when None (its heartbeat, unless a ``beat`` was given, is this
+        watch's). ``max_age_s`` defaults to the watch timeout plus ``QUIET_SLACK_S``."""
+        loops = loops or LoopSupervisor()
         if self._beat is None:
             self._beat = loops.beater(self.name)
-        return loops.spawn(self.name, self.run, max_age_s=max_age_s, stop=self.stop_event)
+        if max_age_s is None:
+            max_age_s = self._timeout_s + QUIET_SLACK_S
+        self.thread = loops.spawn(self.name, self.run, max_age_s=max_age_s, stop=self.stop_event)
+        return self.thread
 
     def run(self) -> None:
         while not self.stop_event.is_set():
             self.step()
 
-    def stop(self) -> None:
+    def stop(self, join_timeout_s: float | None = None) -> None:
+        """Stop the watch; with ``join_timeout_s``, wait that long for its thread."""
         self.stop_event.set()
         stream = self._stream
         if stream is not None:
             with contextlib.suppress(Exception):
                 stream.interrupt()
+        if join_timeout_s is not None and self.thread is not None:
+            self.thread.join(join_timeout_s)
 
     def step(self) -> None:
         """One pass: list when needed, then one watch until it ends. Never raises: a

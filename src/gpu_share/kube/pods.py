@@ -213,11 +213,9 @@ class NodePodCache:
     ) -> None:
         self._source = source
         self._node = node_name
-        self._watch_timeout_s = watch_timeout_s
         self._loops = loops
         self._lock = threading.Lock()
         self._pods: dict[tuple[str, str], PodView] = {}
-        self._thread: threading.Thread | None = None
         # Failures are logged (rate-limited), reported to on_error (a metric) and
         # followed by a jittered pause within backoff_s, then a relist.
         self._watch = ListWatch(
@@ -235,17 +233,12 @@ class NodePodCache:
     # -- lifecycle
 
     def start(self) -> None:
-        if self._thread is not None:
+        if self._watch.thread is not None:
             raise RuntimeError("NodePodCache already started")
-        loops = self._loops or LoopSupervisor()
-        # A quiet watch beats once per server-side timeout; allow that, a read timeout
-        # and the longest pause, with room.
-        self._thread = self._watch.start(loops, max_age_s=self._watch_timeout_s + 180.0)
+        self._watch.start(self._loops)
 
     def stop(self, timeout: float = 5.0) -> None:
-        self._watch.stop()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        self._watch.stop(join_timeout_s=timeout)
         self._watch.synced.clear()
 
     def wait_synced(self, timeout: float) -> bool:
