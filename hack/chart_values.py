@@ -114,6 +114,7 @@ CHART_OWNED = frozenset(
         "kubelet.podResourcesSocket",
         "metrics.enabled",
         "dra.pluginDir",
+        "runtime.nvidiaMemoryLimits.checkPath",
         "dra.registrationDir",
         "dra.cdiDir",
     }

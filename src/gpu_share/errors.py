@@ -26,6 +26,8 @@ class AllocationReason(StrEnum):
     # The enforcement's per-container host dir could not be made (hami-core): a slice
     # whose limits cannot reach its container is not handed out.
     HOST_DIR_UNAVAILABLE = "HostDirUnavailable"
+    # The pool's ``auto`` enforcement has no mode in force yet (checked at start).
+    ENFORCEMENT_UNRESOLVED = "EnforcementUnresolved"
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ def _same(reason: AllocationReason, grpc_code: str = "INVALID_ARGUMENT") -> Reas
 _GRPC_CODES = {
     AllocationReason.NO_FIT: "RESOURCE_EXHAUSTED",
     AllocationReason.HOST_DIR_UNAVAILABLE: "UNAVAILABLE",
+    AllocationReason.ENFORCEMENT_UNRESOLVED: "UNAVAILABLE",
 }
 
 REASONS: dict[AllocationReason, ReasonInfo] = {

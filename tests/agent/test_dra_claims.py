@@ -466,3 +466,57 @@ def test_a_cordoned_device_takes_no_new_claim_whatever_the_taint_gate(tmp_path: 
     assert "gpu-2" in err and "cordoned" in err
     assert p.prepared() == {}
     assert refused == ["DeviceCordoned"]  # the metric's label
+
+
+def test_an_auto_pool_prepares_claims_in_the_mode_in_force(tmp_path: Path) -> None:
+    """``auto``: a claim gets the mode the agent resolved for the node (here HAMi-core),
+    and a tenant's config may raise it but not lower it below that mode."""
+    src = Claims()
+    ref = src.add(claim(result("gpu-0", consumedCapacity=SHARED)))
+    low = src.add(claim(result("gpu-1", consumedCapacity=SHARED),
+                        config=[opaque({"enforcement": "none"})]), name="d", uid=UID2)
+    cfg = config(tmp_path, enforcement="auto")
+    backend = DummyBackend(cfg.dummy, NODE)
+    inv = Inventory.from_devices(backend.devices(), cfg.memory_unit_mib)
+    status = [EnforcementStatus(EnforcementMode.AUTO, ("not checked yet",))]
+    p = DraClaimPreparer(cfg, src, lambda: inv, backend.naming(),
+                         enforcement=lambda: status[0])
+    assert "not checked yet" in p.prepare([ref])[UID].error
+    status[0] = EnforcementStatus(EnforcementMode.HAMI_CORE, (), EnforcementMode.AUTO)
+    assert p.prepare([ref])[UID].error == ""
+    assert env(read_spec(tmp_path))["CUDA_DEVICE_MEMORY_LIMIT_0"] == "4096m"
+    assert (tmp_path / "vgpu" / f"claim_{UID}").is_dir()
+    assert "below the 'hami-core' in force" in p.prepare([low])[UID2].error
+
+
+def test_a_claim_may_burst_to_its_memory_limit_under_driver_limits(tmp_path: Path) -> None:
+    """Placement counts the 4Gi claimed; the toolkit's hook gets it as the soft limit
+    (REQUEST) and the config's memoryLimit as the hard one (LIMIT)."""
+    src = Claims()
+    ref = src.add(claim(result("gpu-0", consumedCapacity=SHARED),
+                        config=[opaque({"memoryLimit": "8Gi"})]))
+    out = preparer(tmp_path, src, enforcement="nvidia-memory-limits").prepare([ref])[UID]
+    assert out.error == ""
+    e = env(read_spec(tmp_path))
+    assert (e["NVIDIA_GPU_MEMORY_REQUEST"], e["NVIDIA_GPU_MEMORY_LIMIT"]) == ("4096", "8192")
+    assert e["GPU_SHARE_MEMORY_LIMIT_MIB"] == "4096"  # what the slice holds
+
+
+@pytest.mark.parametrize(("mode", "says"), [
+    ("hami-core", "needs enforcement 'nvidia-memory-limits'; in force here: 'hami-core'"),
+    ("mps", "in force here: 'mps'"),
+])
+def test_a_memory_limit_above_the_claim_is_refused_where_nothing_can_let_it_burst(
+    tmp_path: Path, mode: str, says: str
+) -> None:
+    src = Claims()
+    ref = src.add(claim(result("gpu-0", consumedCapacity=SHARED),
+                        config=[opaque({"memoryLimit": "8Gi"})]))
+    with _mps_daemon(tmp_path / "mps"):
+        p = preparer(tmp_path, src, enforcement=mode, mps={"pipeDir": str(tmp_path / "mps")})
+        out = p.prepare([ref])[UID]
+        assert says in out.error and not spec_path(tmp_path).exists()
+        # Equal to what it claims: nothing to burst, fine in any mode.
+        src.add(claim(result("gpu-0", consumedCapacity=SHARED),
+                      config=[opaque({"memoryLimit": "4Gi"})]))
+        assert p.prepare([ref])[UID].error == ""

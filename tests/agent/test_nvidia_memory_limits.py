@@ -21,7 +21,9 @@ from gpu_share.devices.dummy import DummyBackend
 from gpu_share.errors import AllocationError
 from gpu_share.sharing.cdi import memory_limits_spec
 from gpu_share.sharing.dra_cdi import container_edits
-from gpu_share.sharing.dra_claims import ClaimError, ClaimReason, ParsedClaim, enforcement_for
+from gpu_share.sharing.dra_claims import ParsedClaim, enforcement_for
+from gpu_share.sharing.dra_config import ClaimConfig
+from gpu_share.sharing.dra_reading import ClaimError, ClaimReason
 from gpu_share.sharing.ledger import EntrySource, LedgerEntry
 from gpu_share.sharing.limits import MEMORY_REQUIRED
 from gpu_share.sharing.model import AllocateSpec, ContainerRef, ContainerRequest, DeviceShare
@@ -150,7 +152,7 @@ def test_a_node_without_v2_hook_or_driver_support_cannot_enforce(
 def test_a_tenants_claim_may_raise_to_driver_limits_and_never_lower_from_them(
     pool: EnforcementMode, asked: EnforcementMode, ok: bool
 ) -> None:
-    claim = ParsedClaim("uid", "ns", "c", (), asked)
+    claim = ParsedClaim("uid", "ns", "c", (), ClaimConfig(asked))
     if ok:
         assert enforcement_for(claim, pool) is asked
     else:

@@ -143,7 +143,7 @@ def test_response_follows_the_live_device_table() -> None:
         device_list_strategy=[DeviceListStrategy.ENVVAR, DeviceListStrategy.CDI_CRI],
     )
     table = {"inv": Inventory.from_devices(devices(2), 1024)}
-    responses = RuntimeResponses(lambda: table["inv"], NAMING, rt, memory_resource=MEM)
+    responses = RuntimeResponses(lambda: table["inv"], NAMING, lambda: rt, memory_resource=MEM)
     on_1 = entry(4, 30)  # GPU-1
     assert responses.build(on_1) == build_allocate_spec(
         on_1, {d.uuid: d for d in devices(2)}, NAMING, rt, 1024, memory_resource=MEM

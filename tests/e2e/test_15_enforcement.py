@@ -10,7 +10,9 @@ change nothing. 15b: two pods on one device each stop at their own limit. 15c: a
 setting the limit env in its spec is refused at admission. 15d: the library vanishes from
 the node: within seconds no new slice (allocatable 0, the agent not Ready, an Event
 naming the library, the node's enforcement label gone); restored, the waiting pod runs
-and is limited."""
+and is limited. 15e: the same pool as ``enforcement: auto`` takes HAMi-core on this node
+(no MPS daemon, no driver limits: the local kubelet's cgroups are v1), says what it found,
+and its slices stop at their limit."""
 
 from __future__ import annotations
 
@@ -85,13 +87,14 @@ class HamiPool:
         return ";".join(f"{d['id']}={d['memoryUnits']['total'] * unit_mib}" for d in inv["devices"])
 
 
-def _pool_values(cluster_dir: Path, tmp: Path) -> str:
+def _pool_values(cluster_dir: Path, tmp: Path, mode: str = "hami-core") -> str:
     hc = {"libraryPath": str(cluster_dir / "vgpu" / "libvgpu.so"),
           "preloadPath": str(cluster_dir / "vgpu" / "ld.so.preload"),
           "cacheDir": str(cluster_dir / "vgpu-cache")}
-    doc = {"agentConfig": {"runtime": {"enforcement": "hami-core", "hamiCore": hc},
+    doc = {"agentConfig": {"runtime": {"enforcement": mode, "hamiCore": hc,
+                                       "mps": {"pipeDir": str(cluster_dir / "mps")}},
                            "health": {"pollIntervalSeconds": 1}}}
-    path = tmp / "pool-hami.yaml"
+    path = tmp / f"pool-{mode}.yaml"
     path.write_text(json.dumps(doc))
     return str(path)
 
@@ -256,3 +259,36 @@ def _label(kube: Kube) -> str | None:
     labels = kube.get("node", kube.node)["metadata"].get("labels") or {}
     value = labels.get(ENFORCEMENT)
     return str(value) if value is not None else None
+
+
+def test_story15e_an_auto_pool_takes_the_strongest_mode_this_node_has(
+    hami: HamiPool, namespace: str, tmp_path: Path
+) -> None:
+    kube = hami.kube
+    old = kube.ready_agent()
+    kube.install("-f", _pool_values(hami.cluster_dir, tmp_path, "auto"), action="upgrade")
+    try:
+        _wait_rolled(kube, old["metadata"]["uid"] if old else None)
+        kube.wait_agent_serving()
+
+        def status() -> dict[str, Any] | None:
+            raw = kube.get("node", kube.node)["metadata"]["annotations"].get(ENFORCEMENT)
+            doc = json.loads(raw) if raw else {}
+            return doc if doc.get("configured") == "auto" and doc.get("ready") else None
+
+        doc = wait_until("the auto pool's mode in force", status, 90, interval=1)
+        _say(f"auto found: {doc}")
+        assert doc["mode"] == "hami-core", doc
+        assert "not running" in " ".join(doc["found"]["mps"]), doc
+        assert "nvidia-memory-limits" not in doc["found"]  # envvar pool: no CDI, no hook
+        wait_until("the label names the mode in force", lambda: _label(kube) == "hami-core",
+                   60, interval=1)
+        kube.apply([_devices_configmap(namespace, hami),
+                    _workload_pod("auto", namespace, 3, 0, hami)])
+        r = _result(kube, namespace, "auto", timeout=180)
+        assert (r["allocated_mib"], r["refused_error"]) == (3072, OOM), r
+    finally:
+        old = kube.ready_agent()
+        kube.install("-f", _pool_values(hami.cluster_dir, tmp_path), action="upgrade")
+        _wait_rolled(kube, old["metadata"]["uid"] if old else None)
+        kube.wait_agent_serving()

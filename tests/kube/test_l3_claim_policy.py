@@ -1,7 +1,7 @@
 """L3: the chart's claims policy (DRA on), as rendered, on a real kube-apiserver + etcd:
-a ResourceClaim or ResourceClaimTemplate configuring our driver may name apiVersion, kind
-and a mode other than "none"; "none" and any other field are refused; other drivers'
-config is not ours to judge."""
+a ResourceClaim or ResourceClaimTemplate configuring our driver may name apiVersion, kind,
+a mode other than "none" and a memoryLimit quantity; "none", a memoryLimit that is no
+quantity and any other field are refused; other drivers' config is not ours to judge."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def _refusal(call: Callable[[], Any]) -> str | None:
     try:
         call()
     except k8s.ApiException as e:
-        if e.status == 403 and "ValidatingAdmissionPolicy" in str(e.body):
+        if e.status in (403, 422) and "ValidatingAdmissionPolicy" in str(e.body):
             return str(e.body)
         raise
     return None
@@ -101,14 +101,23 @@ def test_a_tenant_may_not_switch_enforcement_off(api: Api, make: Any) -> None:
 @pytest.mark.parametrize("make", [_claim, _template])
 def test_other_fields_are_refused(api: Api, make: Any) -> None:
     why = _refusal(lambda: api.create(make(f"x-{uuid.uuid4().hex[:6]}",
-                                           {"enforcement": "mps", "memoryLimit": "64Gi"})))
-    assert why is not None and "apiVersion, kind and enforcement only" in why
+                                           {"enforcement": "mps", "cores": "100"})))
+    assert why is not None and "apiVersion, kind, enforcement and memoryLimit only" in why
+
+
+@pytest.mark.parametrize("make", [_claim, _template])
+def test_a_memory_limit_must_be_a_quantity(api: Api, make: Any) -> None:
+    for bad in ("eight", 8192, ["8Gi"]):
+        why = _refusal(lambda b=bad: api.create(make(f"m-{uuid.uuid4().hex[:6]}",
+                                                     {"memoryLimit": b})))
+        assert why is not None and "must be a quantity" in why, bad
 
 
 @pytest.mark.parametrize("make", [_claim, _template])
 def test_raising_or_naming_nothing_is_allowed(api: Api, make: Any) -> None:
     for params in ({"enforcement": "mps"}, {"enforcement": "hami-core"},
-                   {"apiVersion": f"{DRIVER}/v1alpha1", "kind": "SliceConfig"}):
+                   {"apiVersion": f"{DRIVER}/v1alpha1", "kind": "SliceConfig"},
+                   {"enforcement": "nvidia-memory-limits", "memoryLimit": "8Gi"}):
         assert _refusal(lambda p=params: api.create(
             make(f"ok-{uuid.uuid4().hex[:6]}", p))) is None
 

@@ -17,12 +17,8 @@ from gpu_share.devices.base import Device
 from gpu_share.devices.dummy import DummyBackend
 from gpu_share.sharing.cdi import ENV_CDI_DEVICE_PREFIX
 from gpu_share.sharing.dra_cdi import claim_cdi_device_id, claim_cdi_spec, claim_spec_file_name
-from gpu_share.sharing.dra_claims import (
-    ClaimError,
-    ClaimReason,
-    over_capacity,
-    parse_claim,
-)
+from gpu_share.sharing.dra_claims import over_capacity, parse_claim
+from gpu_share.sharing.dra_reading import ClaimError, ClaimReason
 from gpu_share.sharing.inventory import Inventory
 from gpu_share.sharing.model import AllocateSpec, DeviceNodeSpec, DeviceShare, Mount
 
@@ -232,10 +228,18 @@ def test_messages_are_bounded() -> None:
 SLICE = {"apiVersion": f"{DRIVER}/v1alpha1", "kind": "SliceConfig"}
 
 
-@pytest.mark.parametrize("mode", list(EnforcementMode))
+@pytest.mark.parametrize("mode", [m for m in EnforcementMode if m is not EnforcementMode.AUTO])
 def test_slice_config_picks_the_enforcement(mode: EnforcementMode) -> None:
     c = parse(claim(result(), config=[opaque({**SLICE, "enforcement": mode.value})]))
     assert c.enforcement is mode
+
+
+def test_a_claim_cannot_ask_auto() -> None:
+    """``auto`` is a pool's choice of the strongest mode its node has; a claim names the
+    mode it wants in force (a tenant's "auto" could land below its class's floor)."""
+    with pytest.raises(ClaimError, match="'auto' is not one of") as err:
+        parse(claim(result(), config=[opaque({**SLICE, "enforcement": "auto"})]))
+    assert err.value.reason == ClaimReason.BAD_CONFIG
 
 
 def test_every_field_is_optional() -> None:

@@ -123,6 +123,12 @@ agent sees it (the cdi-dynamic mount). */ -}}
 {{- $_ = set $dra "registrationDir" $paths.kubeletPluginsRegistryDir -}}
 {{- $_ = set $dra "cdiDir" "/var/run/cdi" -}}
 {{- $_ = set $cfg "dra" $dra -}}
+{{- /* The toolkit's hook as the agent sees it (the daemonset mounts its host dir). */ -}}
+{{- $rt := $cfg.runtime | default dict -}}
+{{- $nml := $rt.nvidiaMemoryLimits | default dict -}}
+{{- $_ = set $nml "checkPath" (printf "/run/gpu-share/nvidia-cdi-hook/%s" (base ($nml.hookPath | default "/usr/bin/nvidia-cdi-hook"))) -}}
+{{- $_ = set $rt "nvidiaMemoryLimits" $nml -}}
+{{- $_ = set $cfg "runtime" $rt -}}
 {{- if $root.Values.scheduler.enabled -}}
 {{- $placement := $cfg.placement | default dict -}}
 {{- if not $placement.decisionKeyFile -}}
@@ -225,7 +231,7 @@ enforces limits (mps, hami-core, nvidia-memory-limits). */}}
 {{- $tenantKeys = append $tenantKeys (printf "gpu-share.%s/models" $r.domain) -}}
 {{- $mem = append $mem (printf "%s/%s" $r.domain $r.memoryName) -}}
 {{- $core = append $core (printf "%s/%s" $r.domain $r.coreName) -}}
-{{- if has $cfg.runtime.enforcement (list "mps" "hami-core" "nvidia-memory-limits") -}}
+{{- if has $cfg.runtime.enforcement (list "mps" "hami-core" "nvidia-memory-limits" "auto") -}}
 {{- $enforcing = true -}}
 {{- end -}}
 {{- end -}}

@@ -120,7 +120,8 @@ class CdiSpecWriter:
         nml = cfg.runtime.nvidia_memory_limits
         self.hook_spec = (
             memory_limits_spec(nml.cdi_kind, self.devices, nml.hook_path, nml.driver_root)
-            if cfg.runtime.enforcement is EnforcementMode.NVIDIA_MEMORY_LIMITS
+            if cfg.runtime.enforcement in (EnforcementMode.NVIDIA_MEMORY_LIMITS,
+                                           EnforcementMode.AUTO)
             and not cfg.dra.enabled else None
         )
         self.hook_path = Path(spec_dir) / spec_file_name(nml.cdi_kind)

@@ -51,13 +51,13 @@ from gpu_share.sharing.cdi import uses_cdi
 from gpu_share.sharing.dra_cdi import claim_cdi_device_id, claim_cdi_spec, claim_spec_file_name
 from gpu_share.sharing.dra_claims import (
     CLAIM_UID,
-    ClaimError,
-    ClaimReason,
     ParsedClaim,
     enforcement_for,
+    memory_cap_mib,
     over_capacity,
     parse_claim,
 )
+from gpu_share.sharing.dra_reading import ClaimError, ClaimReason
 from gpu_share.sharing.inventory import Inventory
 from gpu_share.sharing.ledger import EntrySource, LedgerEntry
 from gpu_share.sharing.model import AllocateSpec, ContainerRef, DeviceShare
@@ -240,7 +240,8 @@ class DraClaimPreparer:
             host_dir = f"claim_{claim.uid}"
             cache = self._dirs(runtime).create(host_dir)
         devices = {d.device.uuid: d.device for d in inv.devices}
-        response = self._response(claim, devices, runtime, inv.unit_mib, cache)
+        cap = memory_cap_mib(claim, runtime.enforcement, inv.unit_mib, inv)
+        response = self._response(claim, devices, runtime, inv.unit_mib, cache, cap)
         if host_dir:  # the limits are the claim's before any of its processes runs
             seed_region(self._dirs(runtime), host_dir, response.envs)
         spec = claim_cdi_spec(self.driver, claim, devices, response)
@@ -267,10 +268,18 @@ class DraClaimPreparer:
                  runtime.enforcement.value)
         return prepared.devices
 
+    def _pool_runtime(self) -> RuntimeConfig:
+        """The pool's runtime with its mode in force (``auto`` resolved by the agent)."""
+        base = self.cfg.runtime
+        status = self._enforcement() if self._enforcement is not None else None
+        if status is None or status.mode is base.enforcement:
+            return base
+        return base.model_copy(update={"enforcement": status.mode})
+
     def _runtime(self, claim: ParsedClaim) -> RuntimeConfig:
         """The pool's runtime in the claim's mode: a tenant's config may only raise the
         mode in force (``enforcement_for``), and only to one this node can enforce."""
-        base = self.cfg.runtime
+        base = self._pool_runtime()
         mode = enforcement_for(claim, base.enforcement)
         if mode is not base.enforcement:  # the pool's own mode is gated by the agent
             status = check_enforcement(base.model_copy(update={"enforcement": mode}))
@@ -284,7 +293,8 @@ class DraClaimPreparer:
         })
 
     def _response(self, claim: ParsedClaim, devices: Mapping[str, Device],
-                  runtime: RuntimeConfig, unit_mib: int, cache: str | None) -> AllocateSpec:
+                  runtime: RuntimeConfig, unit_mib: int, cache: str | None,
+                  cap: int | None = None) -> AllocateSpec:
         entry = LedgerEntry(
             ref=ContainerRef(claim.namespace, claim.name, CLAIM_CONTAINER, claim.uid),
             request=claim.request,
@@ -294,7 +304,7 @@ class DraClaimPreparer:
             updated_at=0.0,
         )
         return build(entry, devices.get, self._naming, runtime, unit_mib,
-                     hami_cache_host_dir=cache,
+                     hami_cache_host_dir=cache, memory_cap_mib=cap,
                      memory_resource=self.cfg.resources.memory_resource)
 
     def _restore(self, uid: str, known: PreparedClaim) -> None:

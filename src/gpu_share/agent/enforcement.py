@@ -12,6 +12,12 @@ back as if cordoned; running slices stay), says why (node Event, annotation, met
   ``/sys/fs/cgroup`` is cgroup v2 (the hook refuses v1), and the driver's NVML exports
   ``nvmlDeviceSetMemoryLimits_v1`` (driver branch R615 and later).
 * ``none``: nothing to check.
+
+``auto`` (``resolve_auto``) checks every mode the pool can use and takes the strongest
+the node has: driver limits > MPS > HAMi-core > none. Within the agent's life the mode
+in force only goes up: a stronger one that becomes ready is taken for new slices; when
+the one in force stops being ready the agent holds its devices back, as a pool that
+insists on that mode would, until it is back (a restarted agent picks afresh).
 """
 
 from __future__ import annotations
@@ -21,11 +27,12 @@ import os
 import re
 import socket
 import stat
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gpu_share.config.model import EnforcementMode, RuntimeConfig
+from gpu_share.config.model import DeviceListStrategy, EnforcementMode, RuntimeConfig
 from gpu_share.devices import nvml_features
+from gpu_share.sharing.limits import BY_STRENGTH, STRENGTH
 
 CHECKSUM_SUFFIX = ".sha256"
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -35,23 +42,36 @@ _ET_DYN = 3
 CONNECT_TIMEOUT_S = 1.0
 
 
+Found = tuple[tuple[EnforcementMode, tuple[str, ...]], ...]
+
+
 @dataclass(frozen=True)
 class EnforcementStatus:
-    mode: EnforcementMode
+    mode: EnforcementMode  # the mode in force (AUTO only before the first check)
     problems: tuple[str, ...] = ()
+    configured: EnforcementMode | None = None  # None: ``mode``
+    found: Found = ()  # auto: what each mode the pool can use lacks on this node
 
     @property
     def ready(self) -> bool:
         return not self.problems
 
     def describe(self) -> str:
+        name = repr(self.mode.value)
+        if self.configured is not None:
+            name = f"{self.configured.value!r} in force as {name}"
         if self.ready:
-            return f"enforcement {self.mode.value!r} ready"
-        return f"enforcement {self.mode.value!r} unavailable: " + "; ".join(self.problems)
+            return f"enforcement {name} ready"
+        return f"enforcement {name} unavailable: " + "; ".join(self.problems)
 
     def as_doc(self) -> dict[str, object]:
         """What the node annotation says (the CLI and the extender read it)."""
-        return {"mode": self.mode.value, "ready": self.ready, "problems": list(self.problems)}
+        doc: dict[str, object] = {"mode": self.mode.value, "ready": self.ready,
+                                  "problems": list(self.problems)}
+        if self.configured is not None:
+            doc["configured"] = self.configured.value
+            doc["found"] = {m.value: list(p) for m, p in self.found}
+        return doc
 
 
 def _elf_ident(path: str) -> bytes:
@@ -163,10 +183,12 @@ def cgroup_fs_type(root: str = CGROUP_ROOT, mountinfo: str = MOUNTINFO) -> str |
 
 
 def check_nvidia_memory_limits(runtime: RuntimeConfig) -> list[str]:
-    hook = runtime.nvidia_memory_limits.hook_path
+    nml = runtime.nvidia_memory_limits
+    hook = nml.check_path or nml.hook_path
     problems = []
     if not os.path.isfile(hook) or not os.access(hook, os.X_OK):
-        problems.append(f"the NVIDIA container toolkit's hook {hook} is missing or not executable")
+        problems.append(f"the NVIDIA container toolkit's hook {nml.hook_path} is missing or "
+                        "not executable")
     try:
         fs = cgroup_fs_type(CGROUP_ROOT, MOUNTINFO)
     except OSError as exc:
@@ -188,10 +210,39 @@ CHECKS: Mapping[EnforcementMode, Callable[[RuntimeConfig], list[str]]] = {
 }
 
 
-def check(runtime: RuntimeConfig) -> EnforcementStatus:
+def _problems(runtime: RuntimeConfig, mode: EnforcementMode) -> tuple[str, ...]:
     """Never raises: a check that fails unexpectedly is a problem, not a crash."""
     try:
-        problems = CHECKS[runtime.enforcement](runtime)
+        problems = CHECKS[mode](runtime)
     except Exception as exc:
         problems = [f"check failed: {type(exc).__name__}: {str(exc)[:200]}"]
-    return EnforcementStatus(runtime.enforcement, tuple(p[:300] for p in problems[:8]))
+    return tuple(p[:300] for p in problems[:8])
+
+
+def check(runtime: RuntimeConfig) -> EnforcementStatus:
+    """The configured mode (not ``auto``: that is ``resolve_auto``) as the node has it."""
+    return EnforcementStatus(runtime.enforcement, _problems(runtime, runtime.enforcement))
+
+
+def auto_candidates(runtime: RuntimeConfig, dra: bool) -> tuple[EnforcementMode, ...]:
+    """The modes an ``auto`` pool can use, strongest first: driver limits reach a
+    device-plugin container only as a CDI device (``AgentConfig``'s own rule)."""
+    cdi = {DeviceListStrategy.CDI_ANNOTATIONS, DeviceListStrategy.CDI_CRI}
+    usable = dra or bool(cdi.intersection(runtime.device_list_strategy))
+    return tuple(m for m in BY_STRENGTH
+                 if usable or m is not EnforcementMode.NVIDIA_MEMORY_LIMITS)
+
+
+def resolve_auto(runtime: RuntimeConfig, candidates: Sequence[EnforcementMode],
+                 current: EnforcementStatus | None) -> EnforcementStatus:
+    """The mode in force for an ``auto`` pool: the strongest candidate the node has, but
+    never below ``current`` (the one in force; None: first check): while that one is not
+    ready the status says so and the agent holds its devices back."""
+    found = tuple((m, _problems(runtime, m)) for m in candidates
+                  if m is not EnforcementMode.NONE)
+    best = next((m for m, p in found if not p), EnforcementMode.NONE)
+    auto = EnforcementMode.AUTO
+    if current is None or current.mode is auto or STRENGTH[best] >= STRENGTH[current.mode]:
+        return EnforcementStatus(best, (), auto, found)
+    kept = next((p for m, p in found if m is current.mode), ())
+    return EnforcementStatus(current.mode, kept, auto, found)

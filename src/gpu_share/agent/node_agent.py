@@ -120,10 +120,10 @@ class NodeAgent:
         # Which devices take no new slice, and why (agent/node_holds.py).
         self.holds = NodeHolds(cfg.runtime, cfg.resources.domain, AgentSide(
             self._lock, lambda: self.engine, self.feed.bump, self.feed_inventory_changed,
-            self.warn_node, self._node_event, self._metrics))
+            self.warn_node, self._node_event, self._metrics), dra=cfg.dra.enabled)
         self._dirs = ContainerDirs(
             cfg.runtime.hami_core.cache_dir
-            if cfg.runtime.enforcement is EnforcementMode.HAMI_CORE
+            if cfg.runtime.enforcement in (EnforcementMode.HAMI_CORE, EnforcementMode.AUTO)
             else None
         )
         self._publisher = (
@@ -174,7 +174,7 @@ class NodeAgent:
         self._responses = RuntimeResponses(
             lambda: self._engine().inventory,
             self.backend.naming(),
-            self.cfg.runtime,
+            self.holds.runtime,
             annotation_prefix=self._annotation_prefix,
             memory_resource=self.names.memory,
         )

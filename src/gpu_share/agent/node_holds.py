@@ -10,11 +10,11 @@ import threading
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
-from gpu_share.agent.enforcement import EnforcementStatus
+from gpu_share.agent.enforcement import EnforcementStatus, auto_candidates, resolve_auto
 from gpu_share.agent.enforcement import check as check_enforcement
 from gpu_share.agent.holds import DeviceHolds, report_cordon_change, report_enforcement
 from gpu_share.agent.ports import AgentMetrics
-from gpu_share.config.model import RuntimeConfig
+from gpu_share.config.model import EnforcementMode, RuntimeConfig
 from gpu_share.sharing.cordon import Cordon, diff_cordons, scan_cordons
 from gpu_share.sharing.engine import AllocationEngine
 
@@ -36,11 +36,20 @@ class AgentSide:
 
 
 class NodeHolds:
-    def __init__(self, runtime: RuntimeConfig, domain: str, agent: AgentSide) -> None:
+    def __init__(self, runtime: RuntimeConfig, domain: str, agent: AgentSide, *,
+                 dra: bool = False) -> None:
         self.state = DeviceHolds(runtime.enforcement)
         self._runtime = runtime
+        self._in_force = runtime
+        self._auto = (auto_candidates(runtime, dra)
+                      if runtime.enforcement is EnforcementMode.AUTO else None)
         self._domain = domain
         self._agent = agent
+
+    def runtime(self) -> RuntimeConfig:
+        """The pool's runtime with the mode in force (``auto`` resolved; until the first
+        check it is still ``auto`` and every device is held back)."""
+        return self._in_force
 
     @property
     def enforcement(self) -> EnforcementStatus:
@@ -111,12 +120,16 @@ class NodeHolds:
     def check_enforcement(self) -> None:
         """Check the pool's enforcement (start, every health pass); on a change, hold
         every device back or give them back, and say so."""
-        status = check_enforcement(self._runtime)
         with self._agent.lock:
             before = self.state.enforcement
+        status = (check_enforcement(self._runtime) if self._auto is None
+                  else resolve_auto(self._runtime, self._auto, before))
+        with self._agent.lock:
             if status == before:
                 return
             self.state.enforcement = status
+            if status.mode is not self._in_force.enforcement:
+                self._in_force = self._runtime.model_copy(update={"enforcement": status.mode})
             changed = self.apply()
         self._agent.metrics.enforcement(status.mode.value, status.ready)
         report_enforcement(before, status, self._agent.warn, self._agent.event)

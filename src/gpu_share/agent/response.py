@@ -74,6 +74,7 @@ class _Slice:
     mem: list[int] | None  # MiB per device; None: no memory units held
     cores: int | None  # percent; None: no cores held
     cache_dir: str | None  # hami-core host cache dir, when the caller names it
+    cap: int | None = None  # MiB a DRA claim may burst to (driver limits); None: mem
 
 
 # ---- device-list strategies --------------------------------------------------------------
@@ -159,8 +160,10 @@ def _nvidia_memory_limits(out: _Out, runtime: RuntimeConfig, s: _Slice) -> None:
     if s.mem is None or len(s.uuids) != 1:
         return
     nml = runtime.nvidia_memory_limits
-    # Request = limit: the slice is guaranteed whole (no burst above what was placed).
-    out.envs[ENV_NVIDIA_MEMORY_REQUEST] = out.envs[ENV_NVIDIA_MEMORY_LIMIT] = str(s.mem[0])
+    # Request (the soft limit) is what placement counted; the limit (hard) is the same
+    # unless the claim may burst to a cap (``dra_claims.memory_cap_mib``).
+    out.envs[ENV_NVIDIA_MEMORY_REQUEST] = str(s.mem[0])
+    out.envs[ENV_NVIDIA_MEMORY_LIMIT] = str(s.cap or s.mem[0])
     names = [f"{nml.cdi_kind}={u}" for u in s.uuids]
     if DeviceListStrategy.CDI_CRI in runtime.device_list_strategy:
         out.cdi.extend(names)
@@ -236,11 +239,16 @@ def build(
     annotation_prefix: str | None = None,
     *,
     hami_cache_host_dir: str | None = None,
+    memory_cap_mib: int | None = None,
     memory_resource: str = "memory units",
 ) -> AllocateSpec:
     """The response for any Allocate of ``entry``'s container; ``lookup``: uuid -> the
     device as it is now (None: not on this node, ``UNKNOWN_DEVICE``). Raises
     AllocationError ``MEMORY_REQUIRED`` (``limits.check_enforceable``)."""
+    apply_limits = ENFORCEMENT.get(runtime.enforcement)
+    if apply_limits is None:  # ``auto`` before its first check: no slice without limits
+        raise AllocationError("the pool's enforcement 'auto' has no mode in force yet",
+                              reason=AllocationReason.ENFORCEMENT_UNRESOLVED)
     check_enforceable(entry, runtime.enforcement, memory_resource)
     shares = _resolve(entry, lookup)
     uuids = [d.uuid for d, _ in shares]
@@ -259,12 +267,13 @@ def build(
         mem_limits if req.memory_units > 0 else None,
         core_percent(share for _, share in shares) if req.cores > 0 else None,
         hami_cache_host_dir,
+        memory_cap_mib,
     )
     if sl.mem is not None:
         out.envs[ENV_MEMORY_LIMIT] = ",".join(str(m) for m in sl.mem)
     if sl.cores is not None:
         out.envs[ENV_CORE_PERCENT] = str(sl.cores)
-    ENFORCEMENT[runtime.enforcement](out, runtime, sl)
+    apply_limits(out, runtime, sl)
     prefix = annotation_prefix or naming.annotation_prefix
     out.annotations[f"{prefix}/slice"] = _slice_annotation(entry, shares, unit_mib)
     return AllocateSpec(
@@ -286,6 +295,7 @@ def build_allocate_spec(
     annotation_prefix: str | None = None,
     *,
     hami_cache_host_dir: str | None = None,
+    memory_cap_mib: int | None = None,
     memory_resource: str = "memory units",
 ) -> AllocateSpec:
     """``build`` over a fixed table (uuid -> Device); for tests and tools."""
@@ -303,14 +313,14 @@ class RuntimeResponses:
         self,
         inventory: Callable[[], Inventory],
         naming: RuntimeNaming,
-        runtime: RuntimeConfig,
+        runtime: Callable[[], RuntimeConfig],
         *,
         annotation_prefix: str | None = None,
         memory_resource: str = "memory units",
     ) -> None:
         self._inventory = inventory
         self.naming = naming
-        self.runtime = runtime
+        self.runtime = runtime  # the mode in force at the call (``auto`` resolved)
         self._prefix = annotation_prefix
         self._memory_resource = memory_resource
 
@@ -322,6 +332,6 @@ class RuntimeResponses:
             return d.device if d is not None else None
 
         return build(
-            entry, lookup, self.naming, self.runtime, inv.unit_mib, self._prefix,
+            entry, lookup, self.naming, self.runtime(), inv.unit_mib, self._prefix,
             memory_resource=self._memory_resource,
         )

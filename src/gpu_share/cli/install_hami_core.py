@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         cfg = config_from_namespace(argparse.Namespace(config=args.config), environ={})
-        if cfg.runtime.enforcement is not EnforcementMode.HAMI_CORE:
+        if cfg.runtime.enforcement not in (EnforcementMode.HAMI_CORE, EnforcementMode.AUTO):
             print(f"pool enforcement is {cfg.runtime.enforcement.value!r}: nothing to install")
             return 0
         hc = cfg.runtime.hami_core

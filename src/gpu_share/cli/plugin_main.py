@@ -64,6 +64,7 @@ LEFTOVERS_SLACK_S = KUBE_INIT_MAX_AGE_S + 60.0
 class PrometheusAgentMetrics(AgentMetrics):
     def __init__(self, m: Metrics) -> None:
         self.m = m
+        self._enforcement_mode: str | None = None
 
     def observe_call(self, call: str, resource: str, seconds: float) -> None:
         h = self.m.allocate_seconds if call == "allocate" else self.m.preferred_allocation_seconds
@@ -110,6 +111,11 @@ class PrometheusAgentMetrics(AgentMetrics):
         self.m.cordon_annotations_ignored_total.labels(reason=reason).inc()
 
     def enforcement(self, mode: str, ready: bool) -> None:
+        # One series: the mode in force (``auto`` may change it; an old one left at 0
+        # would read as a node that cannot enforce).
+        if self._enforcement_mode not in (None, mode):
+            self.m.enforcement_ready.remove(mode=self._enforcement_mode)
+        self._enforcement_mode = mode
         self.m.enforcement_ready.labels(mode=mode).set(1 if ready else 0)
 
     def memory_unit(self, configured_mib: int, in_use_mib: int) -> None:

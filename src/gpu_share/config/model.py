@@ -103,6 +103,9 @@ class EnforcementMode(StrEnum):
     # The driver's per-cgroup memory limit, applied by the NVIDIA container toolkit's
     # CDI hook (nvidia-cdi-hook apply-cuda-memory-limits); memory only.
     NVIDIA_MEMORY_LIMITS = "nvidia-memory-limits"
+    # Configured only, never in force: each node takes the strongest mode it can enforce
+    # (agent/enforcement.py ``resolve_auto``); none where it can enforce none.
+    AUTO = "auto"
 
 
 class DeviceListStrategy(StrEnum):
@@ -226,6 +229,9 @@ class NvidiaMemoryLimitsConfig(_Strict):
     # The CDI kind of the hook-only devices our spec defines, one per GPU by UUID.
     cdi_kind: str = Field(default="vendor.com/gpu-memory-limits",
                           pattern=r"^[a-z0-9.-]+/[a-zA-Z0-9._-]+$")
+    # Where the agent itself finds the hook to check it (the chart mounts the hook's host
+    # directory read-only and sets this); empty: hookPath.
+    check_path: str = Field(default="", pattern=r"^(/[^\x00]*)?$", max_length=4096)
 
 
 class RuntimeConfig(_Strict):

@@ -16,70 +16,33 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from enum import StrEnum
-from fractions import Fraction
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_share.config.model import EnforcementMode
-from gpu_share.errors import GpuShareError
+from gpu_share.sharing.dra_config import ClaimConfig, claim_config
+from gpu_share.sharing.dra_reading import (
+    ClaimError,
+    ClaimReason,
+    read_items,
+    read_mapping,
+    read_quantity,
+    read_text,
+    shown,
+)
 from gpu_share.sharing.inventory import CORES_PER_DEVICE, DeviceCapacity, Inventory
+from gpu_share.sharing.limits import STRENGTH
 from gpu_share.sharing.model import ContainerRequest, DeviceShare
-from gpu_share.sharing.quantity import MIB, QuantityError, parse_quantity
+from gpu_share.sharing.quantity import MIB
 
-SLICE_CONFIG_KIND = "SliceConfig"
-SLICE_CONFIG_VERSION = "v1alpha1"
-SLICE_CONFIG_FIELDS = frozenset({"apiVersion", "kind", "enforcement"})
 MEMORY_CAPACITY = "memory"
 CORES_CAPACITY = "cores"
 # The API server allows 32 results and 32 configs per claim; more is not a real claim.
 MAX_RESULTS = 64
 MAX_CONFIGS = 64
-MAX_CONFIG_REQUESTS = 64
-MAX_SHOWN_CHARS = 60
-_MODES = tuple(m.value for m in EnforcementMode)  # a tuple: compared, never hashed
 DEVICE_NAME = re.compile(r"gpu-(0|[1-9][0-9]{0,5})\Z", re.ASCII)
 # A claim UID becomes part of file and CDI device names: a CDI name, bounded.
 CLAIM_UID = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,126}[A-Za-z0-9])?\Z", re.ASCII)
-
-
-class ClaimReason(StrEnum):
-    """Why a claim cannot be prepared (``ClaimError.reason``)."""
-
-    MALFORMED = "ClaimMalformed"
-    UID_MISMATCH = "ClaimUIDMismatch"
-    NOT_ALLOCATED = "ClaimNotAllocated"
-    WRONG_POOL = "ClaimWrongPool"
-    UNKNOWN_DEVICE = "UnknownDevice"
-    DEVICE_UNHEALTHY = "DeviceUnhealthy"
-    DEVICE_CORDONED = "DeviceCordoned"
-    # The node cannot enforce its pool's mode now (agent/enforcement.py).
-    ENFORCEMENT_UNAVAILABLE = "EnforcementUnavailable"
-    # The claim's own config names a weaker mode than its class or pool.
-    ENFORCEMENT_LOWERED = "ClaimEnforcementLowered"
-    BAD_CAPACITY = "ClaimBadCapacity"
-    BAD_CONFIG = "ClaimBadConfig"
-    # With the claims already prepared on this node, a device would be over-committed
-    # (an allocation the scheduler should never make: a forged or stale claim status).
-    OVER_CAPACITY = "ClaimOverCapacity"
-
-
-class ClaimError(GpuShareError):
-    """A claim this node cannot prepare (reasons: ``ClaimReason``)."""
-
-    reason = ClaimReason.MALFORMED.value
-    grpc_code = "INVALID_ARGUMENT"
-
-    def __init__(self, message: str, reason: ClaimReason) -> None:
-        super().__init__(message, reason=reason.value)
-
-
-def shown(value: object) -> str:
-    """``repr(value)``, cut: messages never echo unbounded input."""
-    text = repr(value)
-    if len(text) <= MAX_SHOWN_CHARS:
-        return text
-    return f"{text[:MAX_SHOWN_CHARS]}... ({len(text)} characters)"
 
 
 @dataclass(frozen=True)
@@ -99,10 +62,18 @@ class ParsedClaim:
     namespace: str
     name: str
     devices: tuple[ClaimDevice, ...]  # index order
-    enforcement: EnforcementMode | None  # None: the pool's
-    # The mode the admin's configs (the DeviceClass's, source FromClass) alone name: the
-    # floor a tenant's own config may not go below (``enforcement_for``).
-    class_enforcement: EnforcementMode | None = None
+    config: ClaimConfig = field(default_factory=ClaimConfig)  # its configs of our driver
+
+    @property
+    def enforcement(self) -> EnforcementMode | None:
+        """The mode its configs name (None: the pool's)."""
+        return self.config.enforcement
+
+    @property
+    def class_enforcement(self) -> EnforcementMode | None:
+        """The mode the admin's configs (source FromClass) alone name: the floor a
+        tenant's own config may not go below (``enforcement_for``)."""
+        return self.config.class_enforcement
 
     @property
     def request(self) -> ContainerRequest:
@@ -149,53 +120,12 @@ def _device_over(
     return None
 
 
-# ---- JSON shape helpers -------------------------------------------------------------------
-
-
-def _malformed(what: str, value: object) -> ClaimError:
-    return ClaimError(f"{what} is malformed: {shown(value)}", ClaimReason.MALFORMED)
-
-
-def _mapping(value: object, what: str) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise _malformed(what, value)
-    return value
-
-
-def _items(value: object, what: str, limit: int) -> Sequence[Any]:
-    """A list (absent: empty) of at most ``limit`` items."""
-    if value is None:
-        return ()
-    if not isinstance(value, list):
-        raise _malformed(what, value)
-    if len(value) > limit:
-        raise ClaimError(f"{what} has {len(value)} entries, at most {limit}",
-                         ClaimReason.MALFORMED)
-    return value
-
-
-def _text(value: object, what: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise _malformed(what, value)
-    return value
-
-
 # ---- capacities ---------------------------------------------------------------------------
-
-
-def _quantity(value: object, what: str) -> Fraction:
-    # The API server serialises every quantity as a string.
-    if not isinstance(value, str):
-        raise ClaimError(f"{what} is not a quantity: {shown(value)}", ClaimReason.BAD_CAPACITY)
-    try:
-        return parse_quantity(value)
-    except QuantityError as e:
-        raise ClaimError(f"{what}: {e}", ClaimReason.BAD_CAPACITY) from None
 
 
 def memory_units(value: object, unit_mib: int, total: int, what: str) -> int:
     """Bytes -> whole memory units, 1..total; a part of a unit is refused."""
-    units = _quantity(value, what) / (unit_mib * MIB)
+    units = read_quantity(value, what) / (unit_mib * MIB)
     if units.denominator != 1:
         raise ClaimError(
             f"{what} {shown(value)} is not a whole number of {unit_mib} MiB memory units",
@@ -211,7 +141,7 @@ def memory_units(value: object, unit_mib: int, total: int, what: str) -> int:
 
 def cores(value: object, what: str) -> int:
     """Percent of one device's cores, a whole number 0..100."""
-    q = _quantity(value, what)
+    q = read_quantity(value, what)
     if q.denominator != 1 or not 0 <= q <= CORES_PER_DEVICE:
         raise ClaimError(
             f"{what} {shown(value)} is not a whole number of cores 0..{CORES_PER_DEVICE}",
@@ -227,7 +157,7 @@ def _consumed(result: Mapping[str, Any], dev: DeviceCapacity, unit_mib: int,
     consumed = result.get("consumedCapacity")
     if consumed is None:
         return dev.memory_units, CORES_PER_DEVICE
-    consumed = _mapping(consumed, f"{where}.consumedCapacity")
+    consumed = read_mapping(consumed, f"{where}.consumedCapacity")
     unknown = sorted(set(consumed) - {MEMORY_CAPACITY, CORES_CAPACITY})
     if unknown:
         raise ClaimError(f"{where}.consumedCapacity names unknown capacities "
@@ -272,12 +202,12 @@ def _device(name: str, inventory: Inventory, where: str) -> DeviceCapacity:
 
 def _result(raw: object, n: int, pool: str, inventory: Inventory) -> _Result:
     where = f"status.allocation.devices.results[{n}]"
-    r = _mapping(raw, where)
-    request = _text(r.get("request"), f"{where}.request")
+    r = read_mapping(raw, where)
+    request = read_text(r.get("request"), f"{where}.request")
     if r.get("pool") != pool:
         raise ClaimError(f"{where}: pool {shown(r.get('pool'))} is not this node's "
                          f"({shown(pool)})", ClaimReason.WRONG_POOL)
-    name = _text(r.get("device"), f"{where}.device")
+    name = read_text(r.get("device"), f"{where}.device")
     dev = _device(name, inventory, where)
     units, c = _consumed(r, dev, inventory.unit_mib, where)
     return _Result(request, dev, name, units, c)
@@ -303,96 +233,17 @@ def _merge(results: Iterable[_Result]) -> tuple[ClaimDevice, ...]:
     return tuple(sorted(out, key=lambda d: d.index))
 
 
-# ---- opaque config ------------------------------------------------------------------------
-
-
-def _slice_config(params: object, driver: str, where: str) -> EnforcementMode | None:
-    """The enforcement a SliceConfig names (None: none named)."""
-    p = _mapping(params, f"{where}.opaque.parameters")
-    unknown = sorted(str(k) for k in set(p) - SLICE_CONFIG_FIELDS)
-    version = f"{driver}/{SLICE_CONFIG_VERSION}"
-    problem = ""
-    if unknown:
-        problem = f"unknown fields {shown(unknown)}"
-    elif p.get("apiVersion", version) != version:
-        problem = f"apiVersion {shown(p.get('apiVersion'))} is not {version}"
-    elif p.get("kind", SLICE_CONFIG_KIND) != SLICE_CONFIG_KIND:
-        problem = f"kind {shown(p.get('kind'))} is not {SLICE_CONFIG_KIND}"
-    elif "enforcement" in p and p["enforcement"] not in _MODES:
-        problem = (f"enforcement {shown(p['enforcement'])} is not one of "
-                   + ", ".join(m.value for m in EnforcementMode))
-    if problem:
-        raise ClaimError(f"{where}: {problem}", ClaimReason.BAD_CONFIG)
-    value = p.get("enforcement")
-    return EnforcementMode(value) if isinstance(value, str) else None
-
-
-def _config_entry(
-    raw: object, n: int, driver: str
-) -> tuple[tuple[str, ...], EnforcementMode | None, bool] | None:
-    """(request names, enforcement, from the class) of one config entry of our driver;
-    None otherwise. Only ``source: FromClass`` is the admin's; anything else is the
-    tenant's."""
-    where = f"status.allocation.devices.config[{n}]"
-    c = _mapping(raw, where)
-    opaque = c.get("opaque")
-    if opaque is None:
-        return None
-    opaque = _mapping(opaque, f"{where}.opaque")
-    if opaque.get("driver") != driver:
-        return None
-    names = _items(c.get("requests"), f"{where}.requests", MAX_CONFIG_REQUESTS)
-    requests = tuple(_text(r, f"{where}.requests[]") for r in names)
-    return (requests, _slice_config(opaque.get("parameters"), driver, where),
-            c.get("source") == "FromClass")
-
-
-def _applies(requests: tuple[str, ...], request: str) -> bool:
-    # A config naming "r" applies to r's subrequests ("r/<sub>") too; none named: all.
-    main = request.partition("/")[0]
-    return not requests or request in requests or main in requests
-
-
-def _enforcement(configs: Sequence[Any], driver: str,
-                 requests: Iterable[str]) -> tuple[EnforcementMode | None, EnforcementMode | None]:
-    """The claim's one enforcement mode (per request, the last config of ours that names
-    one wins: class configs come first, then the claim's), and the one its class's
-    configs alone name."""
-    entries = [e for n, raw in enumerate(configs) if (e := _config_entry(raw, n, driver))]
-    requests = list(requests)
-    admin = [(names, mode) for names, mode, by_class in entries if by_class]
-    return (_one_mode([(n, m) for n, m, _ in entries], requests),
-            _one_mode(admin, requests))
-
-
-def _one_mode(entries: Sequence[tuple[tuple[str, ...], EnforcementMode | None]],
-              requests: Sequence[str]) -> EnforcementMode | None:
-    chosen: dict[str, EnforcementMode | None] = {}
-    for request in requests:
-        chosen[request] = None
-        for names, mode in entries:
-            if mode is not None and _applies(names, request):
-                chosen[request] = mode
-    modes = set(chosen.values())
-    if len(modes) > 1:
-        shown_modes = sorted(m.value if m else "(the pool's)" for m in modes)
-        raise ClaimError("the claim's requests name different enforcement modes "
-                         f"({', '.join(shown_modes)}); one claim has one",
-                         ClaimReason.BAD_CONFIG)
-    return next(iter(modes), None)
-
-
 # ---- the claim ----------------------------------------------------------------------------
 
 
 def _metadata(obj: Mapping[str, Any], uid: str) -> tuple[str, str]:
-    meta = _mapping(obj.get("metadata"), "metadata")
+    meta = read_mapping(obj.get("metadata"), "metadata")
     if meta.get("uid") != uid:
         raise ClaimError(f"the claim's uid {shown(meta.get('uid'))} is not the kubelet's "
                          f"{shown(uid)} (deleted and created again?)",
                          ClaimReason.UID_MISMATCH)
-    return (_text(meta.get("namespace"), "metadata.namespace"),
-            _text(meta.get("name"), "metadata.name"))
+    return (read_text(meta.get("namespace"), "metadata.namespace"),
+            read_text(meta.get("name"), "metadata.name"))
 
 
 def _allocation(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -401,8 +252,8 @@ def _allocation(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     if allocation is None:
         raise ClaimError("the claim is not allocated (no status.allocation)",
                          ClaimReason.NOT_ALLOCATED)
-    alloc = _mapping(allocation, "status.allocation")
-    return _mapping(alloc.get("devices", {}), "status.allocation.devices")
+    alloc = read_mapping(allocation, "status.allocation")
+    return read_mapping(alloc.get("devices", {}), "status.allocation.devices")
 
 
 def parse_claim(
@@ -411,10 +262,10 @@ def parse_claim(
     """``obj`` (a ResourceClaim as JSON) -> our devices in it. Raises ClaimError."""
     if not CLAIM_UID.match(uid):
         raise ClaimError(f"claim uid {shown(uid)} is not a valid name", ClaimReason.MALFORMED)
-    claim = _mapping(obj, "the claim")
+    claim = read_mapping(obj, "the claim")
     namespace, name = _metadata(claim, uid)
     devices = _allocation(claim)
-    results = _items(devices.get("results"), "status.allocation.devices.results", MAX_RESULTS)
+    results = read_items(devices.get("results"), "status.allocation.devices.results", MAX_RESULTS)
     ours = [
         _result(r, n, pool, inventory)
         for n, r in enumerate(results)
@@ -423,16 +274,10 @@ def parse_claim(
     if not ours:
         raise ClaimError(f"no device of driver {driver} is allocated to the claim",
                          ClaimReason.NOT_ALLOCATED)
-    configs = _items(devices.get("config"), "status.allocation.devices.config", MAX_CONFIGS)
-    mode, by_class = _enforcement(configs, driver, sorted({r.request for r in ours}))
-    return ParsedClaim(uid, namespace, name, _merge(ours), mode, by_class)
+    configs = read_items(devices.get("config"), "status.allocation.devices.config", MAX_CONFIGS)
+    config = claim_config(configs, driver, sorted({r.request for r in ours}))
+    return ParsedClaim(uid, namespace, name, _merge(ours), config)
 
-
-# Strength of each mode against a tenant (docs/enforcement.md): a tenant's config may
-# raise the mode in force, never lower it.
-# The driver's own limit is out of the tenant's process and talks to no daemon of its.
-STRENGTH = {EnforcementMode.NONE: 0, EnforcementMode.HAMI_CORE: 1, EnforcementMode.MPS: 2,
-            EnforcementMode.NVIDIA_MEMORY_LIMITS: 3}
 
 
 def enforcement_for(claim: ParsedClaim, pool: EnforcementMode) -> EnforcementMode:
@@ -446,3 +291,31 @@ def enforcement_for(claim: ParsedClaim, pool: EnforcementMode) -> EnforcementMod
                          f"{floor.value!r} in force: a claim may raise it, never lower it",
                          ClaimReason.ENFORCEMENT_LOWERED)
     return mode
+
+
+def memory_cap_mib(claim: ParsedClaim, mode: EnforcementMode, unit_mib: int,
+                   inventory: Inventory) -> int | None:
+    """The hard memory limit (MiB) of a claim whose config names a ``memoryLimit`` above
+    the memory it claims (the guaranteed part, which placement counted); None: what it
+    claims is its limit. Only driver-enforced limits can let a slice burst (the hook's
+    one env names one size: a claim of one device)."""
+    limit = claim.config.memory_limit
+    if limit is None:
+        return None
+    if len(claim.devices) != 1:
+        raise ClaimError("memoryLimit applies to a claim of one device, not "
+                         f"{len(claim.devices)}", ClaimReason.BAD_CONFIG)
+    share = claim.devices[0].share
+    dev = inventory.get(share.device)
+    claimed, cap = share.memory_units * unit_mib, int(limit // MIB)
+    total = dev.memory_units * unit_mib if dev is not None else claimed
+    if not claimed <= cap <= total:
+        raise ClaimError(f"memoryLimit {cap} MiB is outside the {claimed} MiB claimed .. "
+                         f"the device's {total} MiB", ClaimReason.BAD_CONFIG)
+    if cap == claimed:
+        return None
+    if mode is not EnforcementMode.NVIDIA_MEMORY_LIMITS:
+        raise ClaimError(f"a memoryLimit above the memory claimed needs enforcement "
+                         f"'nvidia-memory-limits'; in force here: {mode.value!r}",
+                         ClaimReason.ENFORCEMENT_UNAVAILABLE)
+    return cap

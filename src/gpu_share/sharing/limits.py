@@ -26,6 +26,13 @@ MEMORY_REQUIRED = AllocationReason.MEMORY_REQUIRED
 ENFORCING_MODES = frozenset(
     {EnforcementMode.MPS, EnforcementMode.HAMI_CORE, EnforcementMode.NVIDIA_MEMORY_LIMITS}
 )
+# Strength of each mode in force against a tenant (docs/enforcement.md): a tenant's claim
+# config may raise the mode, never lower it, and ``auto`` takes the strongest the node has.
+# The driver's own limit is out of the tenant's process and talks to no daemon of its.
+STRENGTH = {EnforcementMode.NONE: 0, EnforcementMode.HAMI_CORE: 1, EnforcementMode.MPS: 2,
+            EnforcementMode.NVIDIA_MEMORY_LIMITS: 3}
+# The modes in force, strongest first (AUTO is configured, never in force).
+BY_STRENGTH = tuple(sorted(STRENGTH, key=STRENGTH.__getitem__, reverse=True))
 
 # One path component: what the API server allows in UIDs and container names, bounded.
 _KEY_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
