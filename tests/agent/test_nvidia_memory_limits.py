@@ -159,3 +159,42 @@ def test_a_tenants_claim_may_raise_to_driver_limits_and_never_lower_from_them(
         with pytest.raises(ClaimError) as exc:
             enforcement_for(claim, pool)
         assert exc.value.reason == ClaimReason.ENFORCEMENT_LOWERED
+
+
+@pytest.mark.parametrize(("text", "version"), [
+    ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  Thu Oct  9 2025\n"
+     "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n", "580.159.04"),
+    ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  615.12  Release Build\n",
+     "615.12"),
+    ("garbage\n", ""),
+])
+def test_the_driver_version_is_read_from_the_kernel_module(
+    tmp_path: Path, text: str, version: str
+) -> None:
+    f = tmp_path / "version"
+    f.write_text(text)
+    assert enforcement.driver_version(str(f)) == version
+    assert enforcement.driver_version(str(tmp_path / "absent")) == ""
+
+
+def _hook(tmp_path: Path, prints: str) -> RuntimeConfig:
+    hook = tmp_path / "nvidia-cdi-hook"
+    hook.write_text(f"#!/bin/sh\necho '{prints}'\necho 'commit: x'\n")
+    hook.chmod(0o755)
+    return RuntimeConfig.model_validate({"enforcement": "nvidia-memory-limits",
+                                         "nvidiaMemoryLimits": {"hookPath": str(hook)}})
+
+
+def test_a_toolkit_hook_older_than_the_subcommand_is_a_problem(tmp_path: Path) -> None:
+    old = _hook(tmp_path, "NVIDIA CDI Hook version 1.17.8")
+    problems = enforcement.check_nvidia_memory_limits(old)
+    assert ("the toolkit's hook is version 1.17.8; apply-cuda-memory-limits needs 1.20.1 "
+            "or later") in problems
+    facts = dict(enforcement.check(old).facts)
+    assert facts["hookVersion"] == "NVIDIA CDI Hook version 1.17.8"
+    assert set(facts) == {"driverVersion", "dmemController", "hookVersion"}
+    (tmp_path / "new").mkdir()
+    new = _hook(tmp_path / "new", "NVIDIA CDI Hook version 1.20.2")
+    assert not any("toolkit's hook is" in p
+                   for p in enforcement.check_nvidia_memory_limits(new))
+    assert enforcement.check(new).as_doc()["facts"]["hookVersion"].endswith("1.20.2")  # type: ignore[index]

@@ -36,6 +36,8 @@ from typing import Any
 
 import pytest
 
+from gpu_share.agent import enforcement
+from gpu_share.config.model import RuntimeConfig
 from tests.enforcement import runtime
 from tests.enforcement.conftest import Built
 from tests.harness.env import REPO, loud_skip
@@ -554,3 +556,11 @@ def test_the_agents_own_slice_is_limited_through_its_cdi_spec(
                      **{k: v for k, v in envs.items() if k.endswith("VISIBLE_DEVICES")})
         assert (r["allocated_mib"], r["refused_error"], r["meminfo_total_mib"]) == (
             3072, OOM, 3072), r
+
+
+def test_the_agent_reads_the_real_hooks_version(cdi_hook: str) -> None:
+    """The node check's version read (a hook older than 1.20.1 lacks the subcommand)."""
+    assert enforcement.hook_version(cdi_hook) == "NVIDIA CDI Hook version 1.20.2"
+    rt = RuntimeConfig.model_validate({"enforcement": "nvidia-memory-limits",
+                                       "nvidiaMemoryLimits": {"hookPath": cdi_hook}})
+    assert not any("toolkit's hook" in p for p in enforcement.check_nvidia_memory_limits(rt))

@@ -27,6 +27,7 @@ import os
 import re
 import socket
 import stat
+import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -43,6 +44,7 @@ CONNECT_TIMEOUT_S = 1.0
 
 
 Found = tuple[tuple[EnforcementMode, tuple[str, ...]], ...]
+Facts = tuple[tuple[str, str], ...]
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,7 @@ class EnforcementStatus:
     problems: tuple[str, ...] = ()
     configured: EnforcementMode | None = None  # None: ``mode``
     found: Found = ()  # auto: what each mode the pool can use lacks on this node
+    facts: Facts = ()  # what the checks read (driver and hook versions, ...)
 
     @property
     def ready(self) -> bool:
@@ -71,6 +74,8 @@ class EnforcementStatus:
         if self.configured is not None:
             doc["configured"] = self.configured.value
             doc["found"] = {m.value: list(p) for m, p in self.found}
+        if self.facts:
+            doc["facts"] = dict(self.facts)
         return doc
 
 
@@ -182,6 +187,59 @@ def cgroup_fs_type(root: str = CGROUP_ROOT, mountinfo: str = MOUNTINFO) -> str |
     return found
 
 
+DRIVER_VERSION_FILE = "/proc/driver/nvidia/version"
+DMEM_CAPACITY = "dmem.capacity"  # in the cgroup v2 root: the kernel's device-memory controller
+_DRIVER_VERSION = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+([0-9]+(?:\.[0-9]+)+)")
+_HOOK_VERSION = re.compile(r"version ([0-9]+)\.([0-9]+)\.([0-9]+)")
+MIN_HOOK = (1, 20, 1)  # the first toolkit with apply-cuda-memory-limits
+HOOK_TIMEOUT_S = 2.0
+_hook_versions: dict[tuple[str, int, int], str] = {}  # (path, size, mtime) -> its --version
+
+
+def driver_version(path: str = DRIVER_VERSION_FILE) -> str:
+    """The loaded NVIDIA kernel module's version ("" when none is loaded or unreadable)."""
+    try:
+        found = _DRIVER_VERSION.search(_read_small(path))
+    except OSError:
+        return ""
+    return found.group(1) if found else ""
+
+
+def hook_version(hook: str) -> str:
+    """The first line the hook's ``--version`` prints (cached while the file is the
+    same); "" when it cannot run here (the runtime runs it on the host)."""
+    try:
+        st = os.stat(hook)
+    except OSError:
+        return ""
+    key = (hook, st.st_size, st.st_mtime_ns)
+    if key not in _hook_versions:
+        try:
+            out = subprocess.run([hook, "--version"], capture_output=True, text=True,
+                                 timeout=HOOK_TIMEOUT_S, check=False).stdout
+        except (OSError, subprocess.SubprocessError):
+            out = ""
+        _hook_versions.clear()  # one hook per node: keep only the newest
+        _hook_versions[key] = (out.splitlines() or [""])[0][:120]
+    return _hook_versions[key]
+
+
+def nvidia_memory_limits_facts(runtime: RuntimeConfig) -> dict[str, str]:
+    """What the node has for driver-enforced limits, published with the status."""
+    nml = runtime.nvidia_memory_limits
+    dmem = os.path.exists(os.path.join(CGROUP_ROOT, DMEM_CAPACITY))
+    return {"driverVersion": driver_version(), "dmemController": "yes" if dmem else "no",
+            "hookVersion": hook_version(nml.check_path or nml.hook_path)}
+
+
+def _old_hook(version: str) -> str | None:
+    found = _HOOK_VERSION.search(version)
+    if found is None or tuple(int(g) for g in found.groups()) >= MIN_HOOK:
+        return None
+    return (f"the toolkit's hook is {found.group(0)}; apply-cuda-memory-limits needs "
+            f"{'.'.join(map(str, MIN_HOOK))} or later")
+
+
 def check_nvidia_memory_limits(runtime: RuntimeConfig) -> list[str]:
     nml = runtime.nvidia_memory_limits
     hook = nml.check_path or nml.hook_path
@@ -189,6 +247,8 @@ def check_nvidia_memory_limits(runtime: RuntimeConfig) -> list[str]:
     if not os.path.isfile(hook) or not os.access(hook, os.X_OK):
         problems.append(f"the NVIDIA container toolkit's hook {nml.hook_path} is missing or "
                         "not executable")
+    elif old := _old_hook(hook_version(hook)):
+        problems.append(old)
     try:
         fs = cgroup_fs_type(CGROUP_ROOT, MOUNTINFO)
     except OSError as exc:
@@ -201,6 +261,11 @@ def check_nvidia_memory_limits(runtime: RuntimeConfig) -> list[str]:
         problems.append(nvml)
     return problems
 
+
+# What a mode's check also reports (beyond problems) in the node's enforcement annotation.
+FACTS: Mapping[EnforcementMode, Callable[[RuntimeConfig], dict[str, str]]] = {
+    EnforcementMode.NVIDIA_MEMORY_LIMITS: nvidia_memory_limits_facts,
+}
 
 CHECKS: Mapping[EnforcementMode, Callable[[RuntimeConfig], list[str]]] = {
     EnforcementMode.NONE: lambda runtime: [],
@@ -219,9 +284,21 @@ def _problems(runtime: RuntimeConfig, mode: EnforcementMode) -> tuple[str, ...]:
     return tuple(p[:300] for p in problems[:8])
 
 
+def _facts(runtime: RuntimeConfig, modes: Sequence[EnforcementMode]) -> Facts:
+    """Never raises: facts are informational."""
+    out: dict[str, str] = {}
+    for mode in modes:
+        try:
+            out.update(FACTS[mode](runtime) if mode in FACTS else {})
+        except Exception as exc:
+            out[f"{mode.value}Facts"] = f"unreadable: {type(exc).__name__}"
+    return tuple(sorted(out.items()))
+
+
 def check(runtime: RuntimeConfig) -> EnforcementStatus:
     """The configured mode (not ``auto``: that is ``resolve_auto``) as the node has it."""
-    return EnforcementStatus(runtime.enforcement, _problems(runtime, runtime.enforcement))
+    mode = runtime.enforcement
+    return EnforcementStatus(mode, _problems(runtime, mode), facts=_facts(runtime, [mode]))
 
 
 def auto_candidates(runtime: RuntimeConfig, dra: bool) -> tuple[EnforcementMode, ...]:
@@ -241,8 +318,8 @@ def resolve_auto(runtime: RuntimeConfig, candidates: Sequence[EnforcementMode],
     found = tuple((m, _problems(runtime, m)) for m in candidates
                   if m is not EnforcementMode.NONE)
     best = next((m for m, p in found if not p), EnforcementMode.NONE)
-    auto = EnforcementMode.AUTO
+    auto, facts = EnforcementMode.AUTO, _facts(runtime, candidates)
     if current is None or current.mode is auto or STRENGTH[best] >= STRENGTH[current.mode]:
-        return EnforcementStatus(best, (), auto, found)
+        return EnforcementStatus(best, (), auto, found, facts)
     kept = next((p for m, p in found if m is current.mode), ())
-    return EnforcementStatus(current.mode, kept, auto, found)
+    return EnforcementStatus(current.mode, kept, auto, found, facts)
