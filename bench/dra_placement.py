@@ -7,7 +7,7 @@ On the local cluster's API server (takes the cluster lock; needs the cluster up)
 1. registers ``--nodes`` openb GPU nodes as Node objects (no kubelet; allocatable = the
    trace's CPU and memory plus the vcuda sums, the inventory annotation for the
    extender, Ready; the pods tolerate every taint, as tests/extender does) and one
-   ResourceSlice per node built by the agent's own builder (``sharing/dra_slices``:
+   ResourceSlice per node built by the agent's own builder (``sharing/dra/slices.py``:
    100 memory units of 1 GiB and 100 cores per device), plus a DeviceClass;
 2. DRA path: a second kube-scheduler (its own schedulerName, default plugins,
    ``DRAConsumableCapacity`` on, NO extender) places the stream, each pod rewritten by

@@ -22,12 +22,12 @@ from typing import Any
 from bench.replay import trace
 from gpu_share.devices.base import Device
 from gpu_share.sharing.annotations import InventoryAnnotation, InventoryDevice, inventory_key
-from gpu_share.sharing.claim_translation import (
+from gpu_share.sharing.dra.claim_translation import (
     Translation,
     TranslationSettings,
     translate_pod,
 )
-from gpu_share.sharing.dra_slices import slice_body, slice_content
+from gpu_share.sharing.dra.slices import slice_body, slice_content
 from gpu_share.sharing.inventory import DeviceCapacity, Inventory
 from gpu_share.sharing.model import ResourceNames
 from gpu_share.sharing.placement import (

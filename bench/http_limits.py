@@ -55,7 +55,7 @@ class Binder:
     def annotate_and_bind(self, *a): pass
 
 if sys.argv[1] == "webhook":
-    from gpu_share.sharing.claim_translation import TranslationSettings
+    from gpu_share.sharing.dra.claim_translation import TranslationSettings
     from gpu_share.webhook.http import make_server as webhook_server
     from gpu_share.webhook.review import Mutator
     names = ResourceNames("vendor.com/vcuda-memory", "vendor.com/vcuda-core")

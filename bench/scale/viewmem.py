@@ -44,7 +44,7 @@ from bench.scale import model  # noqa: E402
 from gpu_share.kube.rest import MERGE_PATCH  # noqa: E402
 from gpu_share.sharing.decision import ContainerDecision, Decision, decision_key, sign  # noqa: E402
 from gpu_share.sharing.placement import ClusterIndex, Placement, TieBreak, make_policy  # noqa: E402
-from gpu_share.sharing.pod_request import parse_pod_request  # noqa: E402
+from gpu_share.sharing.placement.pod_request import parse_pod_request  # noqa: E402
 
 KEY = b"scale-bench-decision-key-0123456789"
 NOBODY = "gs-scale-nobody"  # no scheduler serves it: unplaced pods stay Pending

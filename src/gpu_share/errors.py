@@ -21,7 +21,7 @@ class AllocationReason(StrEnum):
     DECISION_MISMATCH = "DecisionMismatch"
     DEVICE_UNHEALTHY = "DeviceUnhealthy"
     EXCLUSIVE_CONFLICT = "ExclusiveConflict"
-    # Cores without memory under an enforcing mode (sharing.limits).
+    # Cores without memory under an enforcing mode (sharing.node.limits).
     MEMORY_REQUIRED = "MemoryRequired"
     # The enforcement's per-container host dir could not be made (hami-core): a slice
     # whose limits cannot reach its container is not handed out.

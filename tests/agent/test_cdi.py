@@ -19,7 +19,7 @@ from gpu_share.agent.cdi import (
 )
 from gpu_share.config.model import AgentConfig
 from gpu_share.devices.dummy import DummyBackend
-from gpu_share.sharing.dra_cdi import claim_spec_file_name
+from gpu_share.sharing.dra.cdi import claim_spec_file_name
 
 KIND = "vendor.com/npu"
 

@@ -258,7 +258,7 @@ def _identity(path: Path) -> tuple[int, int, int]:
 
 
 def test_second_agent_on_the_same_state_dir_changes_nothing(workdir: Path) -> None:
-    from gpu_share.sharing.ledger import Ledger
+    from gpu_share.sharing.node.ledger import Ledger
 
     state = workdir / "state"
     state.mkdir()

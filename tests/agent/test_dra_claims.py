@@ -1,4 +1,4 @@
-"""The agent's ClaimPreparer (agent/dra_claims.py, DRA mode #13): the CDI spec per claim
+"""The agent's ClaimPreparer (agent/dra/claims.py, DRA mode #13): the CDI spec per claim
 from the device-plugin response builder, idempotent prepare (also after a restart, with
 no second API read), unprepare by uid, a corrupt checkpoint set aside, concurrent calls."""
 
@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from gpu_share.agent.dra_claims import CHECKPOINT_FILE, DraClaimPreparer
-from gpu_share.agent.dra_ports import ClaimPreparer, ClaimRef
+from gpu_share.agent.dra.claims import CHECKPOINT_FILE, DraClaimPreparer
+from gpu_share.agent.dra.ports import ClaimPreparer, ClaimRef
 from gpu_share.agent.enforcement import EnforcementStatus
 from gpu_share.agent.response import build_allocate_spec
 from gpu_share.config.model import AgentConfig, EnforcementMode
@@ -25,8 +25,8 @@ from gpu_share.devices.dummy import DummyBackend
 from gpu_share.errors import KubeAccessError
 from gpu_share.kube.resourceclaims import ClaimNotFoundError
 from gpu_share.sharing.inventory import Inventory
-from gpu_share.sharing.ledger import EntrySource, LedgerEntry
 from gpu_share.sharing.model import ContainerRef, ContainerRequest, DeviceShare
+from gpu_share.sharing.node.ledger import EntrySource, LedgerEntry
 from tests.sharing.test_dra_claims import DRIVER, NODE, UID, claim, opaque, result
 
 UID2 = "5e1d2c3b-aaaa-4bbb-8ccc-0123456789ab"

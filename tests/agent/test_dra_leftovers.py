@@ -1,5 +1,5 @@
 """What a DRA pool leaves on the host, read and cleaned from device-plugin mode
-(agent/dra_leftovers.py): a claim no pod can use loses its CDI spec, cache dir and
+(agent/dra/leftovers.py): a claim no pod can use loses its CDI spec, cache dir and
 checkpoint entry; one that may be in use keeps them and holds its devices back; nothing
 is deleted on a guess. The process wiring (held before any device is advertised) is
 ``test_a_leftover_claim_holds_its_devices_before_the_first_list``; the real API server,
@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from gpu_share.agent.dra_checkpoint import CHECKPOINT_FILE, Checkpoint, PreparedClaim
-from gpu_share.agent.dra_leftovers import DraLeftovers, released
-from gpu_share.agent.dra_ports import PreparedDevice
+from gpu_share.agent.dra.checkpoint import CHECKPOINT_FILE, Checkpoint, PreparedClaim
+from gpu_share.agent.dra.leftovers import DraLeftovers, released
+from gpu_share.agent.dra.ports import PreparedDevice
 from gpu_share.config.model import AgentConfig
 from gpu_share.errors import KubeAccessError
 from gpu_share.kube.resourceclaims import ClaimNotFoundError

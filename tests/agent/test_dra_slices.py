@@ -1,4 +1,4 @@
-"""agent.dra_slices: the node's ResourceSlice follows the inventory, survives failures
+"""agent.dra.slices: the node's ResourceSlice follows the inventory, survives failures
 (logged, counted, retried with backoff) and is removed on a clean exit."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gpu_share.agent.dra_slices import DRA_SLICES_LOOP, KUBE_OP, DraSliceLoop
+from gpu_share.agent.dra.slices import DRA_SLICES_LOOP, KUBE_OP, DraSliceLoop
 from gpu_share.agent.feed import ChangeFeed
 from gpu_share.agent.node_agent import NodeAgent
 from gpu_share.cli.plugin_main import PrometheusAgentMetrics
@@ -18,7 +18,7 @@ from gpu_share.devices.dummy import DummyBackend, write_faults
 from gpu_share.errors import KubeAccessError
 from gpu_share.observability.loops import Backoff, LoopSupervisor
 from gpu_share.observability.metrics import Metrics
-from gpu_share.sharing.dra_slices import SliceContent
+from gpu_share.sharing.dra.slices import SliceContent
 from gpu_share.sharing.inventory import Inventory
 from tests.agent.served_agent import agent_config
 from tests.harness.wait import poll

@@ -14,7 +14,7 @@ import pytest
 
 from gpu_share.agent.hostdirs import HostDirs
 from gpu_share.plugin.server import REASON_METADATA_KEY
-from gpu_share.sharing import hami_region
+from gpu_share.sharing.node import hami_region
 from tests.agent.served_agent import CORE, MEM, Rig, hami_core_install, pod_view, rig_with
 
 

@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterator
 import grpc
 import pytest
 
-from gpu_share.sharing.engine import DEFAULT_OFFER_TTL_S
 from gpu_share.sharing.ids import parse_unit_id
+from gpu_share.sharing.node.engine import DEFAULT_OFFER_TTL_S
 from tests.agent.served_agent import CORE, MEM, Served, served_agent
 
 TTL = DEFAULT_OFFER_TTL_S

@@ -33,13 +33,13 @@ from gpu_share.config.model import AgentConfig
 from gpu_share.devices.dummy import DummyBackend
 from gpu_share.plugin.manager import PluginManager
 from gpu_share.plugin.podresources import PodResourcesClient
-from gpu_share.sharing.ledger import DUPLICATE_UNIT, MALFORMED, UNKNOWN_DEVICE, EntrySource
 from gpu_share.sharing.model import (
     PodResourcesContainer,
     PodResourcesPod,
     PodResourcesView,
     ResourceKind,
 )
+from gpu_share.sharing.node.ledger import DUPLICATE_UNIT, MALFORMED, UNKNOWN_DEVICE, EntrySource
 from tests.agent.served_agent import (
     CORE,
     MEM,

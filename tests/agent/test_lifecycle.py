@@ -16,8 +16,8 @@ from gpu_share.agent.node_agent import NodeAgent
 from gpu_share.cli import plugin_main
 from gpu_share.config.model import AgentConfig
 from gpu_share.devices.dummy import DummyBackend
-from gpu_share.sharing.ledger import Ledger
 from gpu_share.sharing.model import PodResourcesView
+from gpu_share.sharing.node.ledger import Ledger
 from tests.agent.served_agent import agent_config
 
 

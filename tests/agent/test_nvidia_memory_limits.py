@@ -20,13 +20,13 @@ from gpu_share.devices.base import RuntimeNaming
 from gpu_share.devices.dummy import DummyBackend
 from gpu_share.errors import AllocationError
 from gpu_share.sharing.cdi import memory_limits_spec
-from gpu_share.sharing.dra_cdi import container_edits
-from gpu_share.sharing.dra_claims import ParsedClaim, enforcement_for
-from gpu_share.sharing.dra_config import ClaimConfig
-from gpu_share.sharing.dra_reading import ClaimError, ClaimReason
-from gpu_share.sharing.ledger import EntrySource, LedgerEntry
-from gpu_share.sharing.limits import MEMORY_REQUIRED
+from gpu_share.sharing.dra.cdi import container_edits
+from gpu_share.sharing.dra.claims import ParsedClaim, enforcement_for
+from gpu_share.sharing.dra.config import ClaimConfig
+from gpu_share.sharing.dra.reading import ClaimError, ClaimReason
 from gpu_share.sharing.model import AllocateSpec, ContainerRef, ContainerRequest, DeviceShare
+from gpu_share.sharing.node.ledger import EntrySource, LedgerEntry
+from gpu_share.sharing.node.limits import MEMORY_REQUIRED
 from tests.harness.nvidia_limits import MOUNTINFO_V1, MOUNTINFO_V2, fake_node
 from tests.sharing.helpers import devices
 

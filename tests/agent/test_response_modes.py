@@ -14,9 +14,9 @@ from gpu_share.config.model import DeviceListStrategy, EnforcementMode, RuntimeC
 from gpu_share.devices.base import DeviceNode, RuntimeNaming
 from gpu_share.errors import AllocationError
 from gpu_share.sharing.inventory import Inventory
-from gpu_share.sharing.ledger import EntrySource, LedgerEntry
-from gpu_share.sharing.limits import MEMORY_REQUIRED, host_dir_key
 from gpu_share.sharing.model import AllocateSpec, ContainerRef, ContainerRequest, DeviceShare
+from gpu_share.sharing.node.ledger import EntrySource, LedgerEntry
+from gpu_share.sharing.node.limits import MEMORY_REQUIRED, host_dir_key
 from tests.sharing.helpers import devices
 
 NAMING = RuntimeNaming("NVIDIA_VISIBLE_DEVICES")

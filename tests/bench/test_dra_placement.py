@@ -9,7 +9,7 @@ import pytest
 from bench import dra_placement as dp
 from bench import dra_stream as ds
 from bench.replay import trace
-from gpu_share.sharing.dra_slices import device_name
+from gpu_share.sharing.dra.slices import device_name
 from gpu_share.sharing.placement import DeviceSlot, NodeSlots
 from gpu_share.sharing.quantity import parse_quantity
 

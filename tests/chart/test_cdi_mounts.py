@@ -2,7 +2,7 @@
 read-write (the agent writes its spec there and removes it on exit), the static one
 read-only (the agent reads nvidia-ctk's specs so as not to define their devices twice).
 Other device-plugin pools mount the transient one only, with the DRA plugin dir: they
-remove what a DRA pool of the same driver left there (agent/dra_leftovers.py)."""
+remove what a DRA pool of the same driver left there (agent/dra/leftovers.py)."""
 
 from __future__ import annotations
 

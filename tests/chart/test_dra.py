@@ -69,7 +69,7 @@ def test_nothing_of_dra_without_a_dra_pool() -> None:
     mounts, _ = _mounts(ds)
     # The driver's plugin dir and the registration dir: a DRA pool switched back leaves
     # its checkpoint there, and the agent serves the kubelet those claims' unprepare
-    # (agent/dra_leftovers.py).
+    # (agent/dra/leftovers.py).
     assert mounts["kubelet-plugin"]["mountPath"] == f"/var/lib/kubelet/plugins/{DRIVER}"
     assert mounts["kubelet-plugins-registry"]["mountPath"] == "/var/lib/kubelet/plugins_registry"
     policy = one(objs, "ValidatingAdmissionPolicy", "-own-node")["spec"]

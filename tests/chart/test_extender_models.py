@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from gpu_share.cli.extender_main import parse_args
-from gpu_share.sharing.model_req import DEFAULT_MODEL_LABEL
-from gpu_share.sharing.placement.policy import ClusterPolicyName
+from gpu_share.sharing.placement.cluster_policy import ClusterPolicyName
+from gpu_share.sharing.placement.pod_models import DEFAULT_MODEL_LABEL
 from tests.chart.conftest import CHART, helm_path, one, render, render_error
 
 FN = "gs-gpu-share"

@@ -21,9 +21,9 @@ from gpu_share.devices.dummy import VISIBLE_DEVICES_ENV as DUMMY_ENV
 from gpu_share.devices.nvml import VISIBLE_DEVICES_ENV as NVML_ENV
 from gpu_share.errors import AllocationError
 from gpu_share.kube.extender_rbac import EXTENDER_RULES
-from gpu_share.sharing.ledger import EntrySource, LedgerEntry
 from gpu_share.sharing.model import ContainerRef, ContainerRequest, DeviceShare
-from gpu_share.sharing.model_req import models_key
+from gpu_share.sharing.node.ledger import EntrySource, LedgerEntry
+from gpu_share.sharing.placement.pod_models import models_key
 from tests.chart.conftest import (
     NAMESPACE,
     REPO,
@@ -503,7 +503,7 @@ def test_annotation_policy_reserves_the_prefix_for_agent_and_extender(
     users = [f"system:serviceaccount:{NAMESPACE}:{w}" for w in writers]
     assert cond["expression"] == f"!(request.userInfo.username in {_json(users)})"
     assert _var(spec, "prefixes") == '["gpu-share.vendor.com/"]'
-    # Pod authors write the GPU models their pod accepts (sharing/model_req.py).
+    # Pod authors write the GPU models their pod accepts (sharing/placement/pod_models.py).
     assert _var(spec, "tenantKeys") == f'["{models_key("vendor.com")}"]'
     (validation,) = spec["validations"]
     assert validation["expression"] == "size(variables.touched) == 0"

@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 import pytest
 
-from gpu_share.agent.dra_ports import ClaimRef, PreparedDevice, PrepareResult
+from gpu_share.agent.dra.ports import ClaimRef, PreparedDevice, PrepareResult
 from gpu_share.dra.proto import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 from gpu_share.dra.proto import pluginregistration_v1_pb2 as reg
 from gpu_share.dra.proto import pluginregistration_v1_pb2_grpc as reg_grpc

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpu_share.agent.dra_ports import ClaimRef, PreparedDevice, PrepareResult
+from gpu_share.agent.dra.ports import ClaimRef, PreparedDevice, PrepareResult
 from gpu_share.dra import service
 from gpu_share.dra.guard import MAX_REQUEST_BYTES, MAX_STATUS_MESSAGE
 from gpu_share.dra.proto import dra_v1_pb2 as v1

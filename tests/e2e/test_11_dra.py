@@ -41,14 +41,14 @@ import pytest
 
 from gpu_share.devices.dummy import dummy_uuid
 from gpu_share.sharing.cdi import ENV_CDI_DEVICE_PREFIX
-from gpu_share.sharing.claim_translation import (
+from gpu_share.sharing.dra.cdi import claim_spec_file_name
+from gpu_share.sharing.dra.claim_translation import (
     REQUEST_NAME,
     ClaimShape,
     TranslationSettings,
     claim_name,
     template_body,
 )
-from gpu_share.sharing.dra_cdi import claim_spec_file_name
 from gpu_share.sharing.model import ResourceNames
 from gpu_share.sharing.quantity import MIB, parse_quantity
 from tests.e2e.support import (

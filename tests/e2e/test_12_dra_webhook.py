@@ -31,7 +31,7 @@ import pytest
 
 from gpu_share.devices.dummy import dummy_uuid
 from gpu_share.sharing.cdi import ENV_CDI_DEVICE_PREFIX
-from gpu_share.sharing.claim_translation import MANAGED_BY, ClaimShape, claim_name
+from gpu_share.sharing.dra.claim_translation import MANAGED_BY, ClaimShape, claim_name
 from gpu_share.sharing.quantity import MIB, parse_quantity
 from tests.e2e.support import AGENT_NS, CORE, MEM, RELEASE, Kube, container, pod
 from tests.harness import wait_until

@@ -48,7 +48,7 @@ from typing import Any
 import pytest
 
 from gpu_share.sharing.decision import DecisionError, decision_key, verify_binding
-from gpu_share.sharing.model_req import models_key
+from gpu_share.sharing.placement.pod_models import models_key
 from tests.e2e.support import (
     AGENT_NS,
     ASSIGNMENT,

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gpu_share.sharing.claim_translation import ClaimShape
+from gpu_share.sharing.dra.claim_translation import ClaimShape
 from tests.e2e.support import (
     CORE,
     DEVICES,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpu_share.sharing import hami_region
+from gpu_share.sharing.node import hami_region
 from tests.enforcement import runtime
 from tests.enforcement.conftest import Built
 from tests.enforcement.slices import hami_node

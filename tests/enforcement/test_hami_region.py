@@ -1,4 +1,4 @@
-"""The region the agent seeds (sharing/hami_region.py) is HAMi-core's own: its layout is
+"""The region the agent seeds (sharing/node/hami_region.py) is HAMi-core's own: its layout is
 the pinned header's (compiled here against it), and its fields are those HAMi-core writes
 when it creates the file itself from the same limits."""
 
@@ -8,7 +8,7 @@ import ctypes
 import subprocess
 from pathlib import Path
 
-from gpu_share.sharing import hami_region
+from gpu_share.sharing.node import hami_region
 from tests.enforcement.conftest import Built
 
 _LAYOUT_C = r"""

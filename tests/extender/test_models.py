@@ -13,7 +13,6 @@ import pytest
 from gpu_share.extender.core import Extender, ExtenderSettings
 from gpu_share.extender.ports import ClusterView
 from gpu_share.sharing.model import ResourceNames
-from gpu_share.sharing.model_req import DEFAULT_MODEL_LABEL, models_key
 from gpu_share.sharing.placement import (
     DeviceSlot,
     ModelReq,
@@ -22,6 +21,7 @@ from gpu_share.sharing.placement import (
     Workload,
     make_policy,
 )
+from gpu_share.sharing.placement.pod_models import DEFAULT_MODEL_LABEL, models_key
 
 KEY = b"secret-key-for-tests"
 MEM, CORE = "vendor.com/vcuda-memory", "vendor.com/vcuda-core"

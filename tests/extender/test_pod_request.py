@@ -1,4 +1,4 @@
-"""``sharing.pod_request``: the one pod-request parser of the agent (kube/pods), the
+"""``sharing.placement.pod_request``: the one pod-request parser of the agent (kube/pods), the
 extender (core) and its cluster view (issue 16). Pure; tenant input."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpu_share.sharing.model import ContainerKind, ContainerRequest
-from gpu_share.sharing.model_req import models_key
 from gpu_share.sharing.placement import ANY_MODEL, Demand
-from gpu_share.sharing.pod_request import (
+from gpu_share.sharing.placement.pod_models import models_key
+from gpu_share.sharing.placement.pod_request import (
     MAX_AMOUNT,
     MAX_CONTAINERS,
     PodRequest,

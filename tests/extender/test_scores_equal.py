@@ -15,7 +15,6 @@ from gpu_share.extender.api import HostPriority
 from gpu_share.extender.core import Extender, ExtenderSettings, pod_ask, ranked
 from gpu_share.extender.ports import ClusterView
 from gpu_share.sharing.model import ResourceNames
-from gpu_share.sharing.model_req import models_key
 from gpu_share.sharing.placement import (
     ANY_MODEL,
     ClusterPolicy,
@@ -28,6 +27,7 @@ from gpu_share.sharing.placement import (
     Workload,
     make_policy,
 )
+from gpu_share.sharing.placement.pod_models import models_key
 
 KEY = b"secret-key-for-tests"
 MEM, CORE = "vendor.com/vcuda-memory", "vendor.com/vcuda-core"

@@ -14,7 +14,7 @@ from gpu_share.sharing.annotations import (
     inventory_key,
 )
 from gpu_share.sharing.placement.evaluate import host_nofit
-from gpu_share.sharing.placement.model import Demand, NoFitCause, PodDemand
+from gpu_share.sharing.placement.slots import Demand, NoFitCause, PodDemand
 from tests.kube.test_cluster_view_cache import Clock, new_view
 
 

@@ -35,7 +35,7 @@ from kubernetes import client as k8s
 from gpu_share.kube.client import make_api_client
 from gpu_share.kube.extender_rbac import EXTENDER_RULES
 from gpu_share.kube.rbac import AGENT_RULES
-from gpu_share.sharing.model_req import models_key
+from gpu_share.sharing.placement.pod_models import models_key
 from tests.chart.conftest import CHART, NAMESPACE, RELEASE, helm_path
 from tests.harness.wait import until
 
@@ -437,7 +437,8 @@ def test_tenant_cannot_create_a_pod_with_a_gpu_share_annotation(env: Env, key: s
 
 
 def test_tenant_writes_the_models_its_pod_accepts(env: Env) -> None:
-    """gpu-share.<domain>/models is the pod author's (sharing/model_req.py), not reserved."""
+    """gpu-share.<domain>/models is the pod author's (sharing/placement/pod_models.py), not
+    reserved."""
     body = env.pod([container(mem=1)], annotations={MODELS: "Tesla-T4"})
     name = env.create_as_tenant(body).metadata.name
     patch = {"metadata": {"annotations": {MODELS: "Tesla-T4,NVIDIA-A10"}}}

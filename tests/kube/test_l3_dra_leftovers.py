@@ -1,6 +1,6 @@
 """L3: a pool switched from DRA back to device-plugin mode, against a real kube-apiserver
-+ etcd. Claims prepared in DRA mode (agent.dra_claims: CDI spec, hami-core cache dir,
-checkpoint) are read by agent.dra_leftovers through kube.resourceclaims: an allocated
++ etcd. Claims prepared in DRA mode (agent.dra.claims: CDI spec, hami-core cache dir,
+checkpoint) are read by agent.dra.leftovers through kube.resourceclaims: an allocated
 claim keeps its files and holds its device; a deleted claim and a deallocated one lose
 theirs, and the checkpoint goes with the last."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from gpu_share.agent.dra_claims import CHECKPOINT_FILE, DraClaimPreparer
-from gpu_share.agent.dra_leftovers import DraLeftovers
-from gpu_share.agent.dra_ports import ClaimRef
+from gpu_share.agent.dra.claims import CHECKPOINT_FILE, DraClaimPreparer
+from gpu_share.agent.dra.leftovers import DraLeftovers
+from gpu_share.agent.dra.ports import ClaimRef
 from gpu_share.config.model import AgentConfig
 from gpu_share.devices.dummy import DummyBackend
 from gpu_share.kube.resourceclaims import KubeClaimReader, claim_path

@@ -2,7 +2,7 @@
 DRAConsumableCapacity gate on): a DeviceClass and ResourceClaims created, their
 status.allocation written through the status subresource as kube-scheduler does
 (consumedCapacity and shareID for shares of a device), then read with
-kube.resourceclaims and prepared by agent.dra_claims over dummy devices: the CDI spec on
+kube.resourceclaims and prepared by agent.dra.claims over dummy devices: the CDI spec on
 disk, idempotency, a restart from the checkpoint, unprepare."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from kube_fakes import ApiServer
 
-from gpu_share.agent.dra_claims import CHECKPOINT_FILE, DraClaimPreparer
-from gpu_share.agent.dra_ports import ClaimRef
+from gpu_share.agent.dra.claims import CHECKPOINT_FILE, DraClaimPreparer
+from gpu_share.agent.dra.ports import ClaimRef
 from gpu_share.config.model import AgentConfig
 from gpu_share.devices.dummy import DummyBackend
 from gpu_share.kube.resourceclaims import ClaimNotFoundError, KubeClaimReader, claim_path

@@ -35,7 +35,7 @@ from gpu_share.kube.resourceslices import (
     ResourceSlicePublisher,
 )
 from gpu_share.kube.rest import RestClient, RestConfig, make_rest_client
-from gpu_share.sharing.dra_slices import slice_content
+from gpu_share.sharing.dra.slices import slice_content
 from gpu_share.sharing.inventory import Inventory
 from gpu_share.sharing.quantity import parse_quantity
 from tests.chart.conftest import NAMESPACE, RELEASE

@@ -19,7 +19,7 @@ from gpu_share.kube.pods import KubePodSource, NodePodCache
 from gpu_share.kube.publish import KubePublisher
 from gpu_share.kube.rbac import AGENT_RULES, merged_rules
 from gpu_share.kube.resourceclaims import KubeClaimReader
-from gpu_share.sharing.claim_translation import ClaimShape, TranslationSettings, template_body
+from gpu_share.sharing.dra.claim_translation import ClaimShape, TranslationSettings, template_body
 from gpu_share.sharing.model import ResourceNames
 
 KUBE_DIR = Path(gpu_share.kube.__file__).parent
@@ -90,7 +90,7 @@ def exercise_everything() -> set[tuple[str, str, str]]:
     pub.node_event("node-a", reason="R", message="m", warning=False)
     assert pub.failures == {}
     # A claim the kubelet asks to prepare (DRA mode), or one a DRA pool left (device-plugin
-    # mode, agent/dra_leftovers.py).
+    # mode, agent/dra/leftovers.py).
     KubeClaimReader(api).get_claim("ns", "claim")
     return {c.rbac() for c in http.calls}
 

@@ -18,7 +18,7 @@ from gpu_share.kube.resourceslices import (
     ResourceSlicePublisher,
 )
 from gpu_share.kube.rest import KubeTimeouts
-from gpu_share.sharing.dra_slices import SliceContent, digest_annotation, slice_content
+from gpu_share.sharing.dra.slices import SliceContent, digest_annotation, slice_content
 from gpu_share.sharing.inventory import Inventory
 from tests.chart.conftest import k8s_validator
 

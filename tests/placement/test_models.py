@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu_share.sharing.model_req import models_key, node_model, pod_models
 from gpu_share.sharing.placement import (
     ANY_MODEL,
     ClusterIndex,
@@ -28,6 +27,7 @@ from gpu_share.sharing.placement import (
     label_form,
     make_policy,
 )
+from gpu_share.sharing.placement.pod_models import models_key, node_model, pod_models
 
 U = 100
 LABEL = "nvidia.com/gpu.product"

@@ -19,7 +19,7 @@ from gpu_share.sharing.placement import (
     evaluate_node,
     make_policy,
 )
-from gpu_share.sharing.placement.model import NoFit
+from gpu_share.sharing.placement.slots import NoFit
 
 U = 100  # memory units and cores per device in these tests
 

@@ -7,8 +7,8 @@ import random
 import pytest
 
 from gpu_share.sharing.placement import ClusterIndex, Demand, DeviceSlot, NodeSlots, PodDemand
+from gpu_share.sharing.placement.cluster_policy import make_policy
 from gpu_share.sharing.placement.fragmentation import Shape, Workload
-from gpu_share.sharing.placement.policy import make_policy
 from gpu_share.sharing.placement.prices import grid, share_prices
 
 

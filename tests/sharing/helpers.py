@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from gpu_share.config.model import PlacementPolicyName
 from gpu_share.devices.base import Device, DeviceNode
-from gpu_share.sharing.engine import AllocationEngine, DegradedMode
 from gpu_share.sharing.inventory import Inventory
-from gpu_share.sharing.ledger import Ledger
 from gpu_share.sharing.model import (
     ContainerKind,
     ContainerRequest,
@@ -14,6 +12,8 @@ from gpu_share.sharing.model import (
     PodView,
     ResourceNames,
 )
+from gpu_share.sharing.node.engine import AllocationEngine, DegradedMode
+from gpu_share.sharing.node.ledger import Ledger
 
 NAMES = ResourceNames("vendor.com/vcuda-memory", "vendor.com/vcuda-core")
 UNIT_MIB = 1024

@@ -14,9 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from gpu_share.errors import GpuShareError
-from gpu_share.sharing.engine import AllocationEngine, CallContext
 from gpu_share.sharing.ids import parse_unit_id
-from gpu_share.sharing.ledger import PodKey
 from gpu_share.sharing.model import (
     ContainerKind,
     PodResourcesContainer,
@@ -25,6 +23,8 @@ from gpu_share.sharing.model import (
     PodView,
     ResourceKind,
 )
+from gpu_share.sharing.node.engine import AllocationEngine, CallContext
+from gpu_share.sharing.node.ledger import PodKey
 
 RestartHook = Callable[["KubeletSim"], None]
 

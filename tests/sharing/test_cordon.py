@@ -16,7 +16,6 @@ from gpu_share.errors import AllocationError
 from gpu_share.sharing.annotations import (
     InventoryAnnotation,
     InventoryDevice,
-    inventory_annotation,
 )
 from gpu_share.sharing.cordon import (
     MALFORMED,
@@ -32,7 +31,7 @@ from gpu_share.sharing.cordon import (
     parse_cordon,
     scan_cordons,
 )
-from gpu_share.sharing.dra_slices import slice_content, taint_key
+from gpu_share.sharing.dra.slices import slice_content, taint_key
 from gpu_share.sharing.ids import parse_unit_id
 from gpu_share.sharing.model import (
     PodResourcesContainer,
@@ -41,8 +40,9 @@ from gpu_share.sharing.model import (
     PodView,
     ResourceKind,
 )
+from gpu_share.sharing.node.ledger_annotations import inventory_annotation
+from gpu_share.sharing.node.results import CallContext
 from gpu_share.sharing.placement.view import node_slots
-from gpu_share.sharing.results import CallContext
 from tests.sharing.helpers import ctr, devices, engine, pod
 
 MEM, CORE = ResourceKind.MEMORY, ResourceKind.CORE

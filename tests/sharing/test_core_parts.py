@@ -16,11 +16,8 @@ from gpu_share.errors import (
     grpc_code_of,
     metric_label_of,
 )
-from gpu_share.sharing.engine import CallContext
-from gpu_share.sharing.freeview import FreeView
 from gpu_share.sharing.ids import device_of, tally_devices
 from gpu_share.sharing.inventory import Inventory
-from gpu_share.sharing.ledger import EntrySource, Ledger, LedgerEntry
 from gpu_share.sharing.model import (
     ContainerKind,
     ContainerRef,
@@ -32,8 +29,11 @@ from gpu_share.sharing.model import (
     PodResourcesView,
     ResourceKind,
 )
-from gpu_share.sharing.notes import Note, NoteKind, degraded_label
-from gpu_share.sharing.pick import pick_ids
+from gpu_share.sharing.node.engine import CallContext
+from gpu_share.sharing.node.freeview import FreeView
+from gpu_share.sharing.node.ledger import EntrySource, Ledger, LedgerEntry
+from gpu_share.sharing.node.notes import Note, NoteKind, degraded_label
+from gpu_share.sharing.node.pick import pick_ids
 from tests.sharing.helpers import UNIT_MIB, ctr, devices, engine, pod
 
 MEM, CORE = ResourceKind.MEMORY, ResourceKind.CORE

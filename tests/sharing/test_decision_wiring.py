@@ -6,9 +6,7 @@ from dataclasses import replace
 
 from gpu_share.devices.base import Device
 from gpu_share.sharing.decision import ContainerDecision, Decision, decision_key, sign
-from gpu_share.sharing.engine import AllocationEngine, CallContext
 from gpu_share.sharing.inventory import Inventory
-from gpu_share.sharing.ledger import EntrySource, Ledger
 from gpu_share.sharing.model import (
     ContainerRequest,
     PodResourcesContainer,
@@ -17,7 +15,9 @@ from gpu_share.sharing.model import (
     PodView,
     ResourceKind,
 )
-from gpu_share.sharing.notes import NoteKind
+from gpu_share.sharing.node.engine import AllocationEngine, CallContext
+from gpu_share.sharing.node.ledger import EntrySource, Ledger
+from gpu_share.sharing.node.notes import NoteKind
 from tests.sharing.helpers import NAMES, UNIT_MIB, ctr, devices, pod
 
 KEY = b"sekret-key"

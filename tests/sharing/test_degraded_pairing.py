@@ -17,10 +17,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu_share.sharing.engine import CallContext
 from gpu_share.sharing.ids import parse_unit_id
-from gpu_share.sharing.ledger import LedgerEntry
 from gpu_share.sharing.model import ResourceKind
+from gpu_share.sharing.node.engine import CallContext
+from gpu_share.sharing.node.ledger import LedgerEntry
 from tests.sharing.helpers import ctr, devices, engine, pod
 from tests.sharing.kubesim import KubeletSim
 

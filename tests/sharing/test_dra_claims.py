@@ -1,4 +1,4 @@
-"""A ResourceClaim's allocation read as our device shares (sharing/dra_claims.py, DRA
+"""A ResourceClaim's allocation read as our device shares (sharing/dra/claims.py, DRA
 mode #13): shares, whole devices, the opaque SliceConfig, and every refusal typed and
 bounded. Hypothesis: arbitrary JSON never raises anything but ClaimError."""
 
@@ -16,9 +16,9 @@ from gpu_share.config.model import DummyConfig, EnforcementMode
 from gpu_share.devices.base import Device
 from gpu_share.devices.dummy import DummyBackend
 from gpu_share.sharing.cdi import ENV_CDI_DEVICE_PREFIX
-from gpu_share.sharing.dra_cdi import claim_cdi_device_id, claim_cdi_spec, claim_spec_file_name
-from gpu_share.sharing.dra_claims import over_capacity, parse_claim
-from gpu_share.sharing.dra_reading import ClaimError, ClaimReason
+from gpu_share.sharing.dra.cdi import claim_cdi_device_id, claim_cdi_spec, claim_spec_file_name
+from gpu_share.sharing.dra.claims import over_capacity, parse_claim
+from gpu_share.sharing.dra.reading import ClaimError, ClaimReason
 from gpu_share.sharing.inventory import Inventory
 from gpu_share.sharing.model import AllocateSpec, DeviceNodeSpec, DeviceShare, Mount
 

@@ -1,4 +1,4 @@
-"""A claim's ``memoryLimit`` (sharing/dra_config.py, dra_claims.memory_cap_mib): read
+"""A claim's ``memoryLimit`` (sharing/dra/config.py, dra/claims.py memory_cap_mib): read
 from its untrusted config as whole MiB, one value per claim, and honoured only where the
 driver's limits can let the slice burst above what placement counted."""
 
@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from gpu_share.config.model import EnforcementMode
-from gpu_share.sharing.dra_claims import memory_cap_mib
-from gpu_share.sharing.dra_reading import ClaimError, ClaimReason
+from gpu_share.sharing.dra.claims import memory_cap_mib
+from gpu_share.sharing.dra.reading import ClaimError, ClaimReason
 from gpu_share.sharing.quantity import MIB
 from tests.sharing.test_dra_claims import claim, inventory, opaque, parse, result
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fractions import Fraction
 
 from gpu_share.devices.base import Device
-from gpu_share.sharing.dra_slices import (
+from gpu_share.sharing.dra.slices import (
     API_VERSION,
     digest_annotation,
     slice_body,

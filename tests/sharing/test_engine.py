@@ -8,10 +8,7 @@ from gpu_share.agent.response import build_allocate_spec
 from gpu_share.config.model import DeviceListStrategy, EnforcementMode, RuntimeConfig
 from gpu_share.devices.base import DeviceNode, RuntimeNaming
 from gpu_share.errors import AllocationError, IdentityError
-from gpu_share.sharing.annotations import inventory_annotation, pod_assignment
-from gpu_share.sharing.engine import CallContext
 from gpu_share.sharing.ids import parse_unit_id
-from gpu_share.sharing.ledger import EntrySource, EntryState, Ledger
 from gpu_share.sharing.model import (
     ContainerKind,
     PodResourcesContainer,
@@ -19,7 +16,10 @@ from gpu_share.sharing.model import (
     PodResourcesView,
     ResourceKind,
 )
-from gpu_share.sharing.notes import NoteKind
+from gpu_share.sharing.node.engine import CallContext
+from gpu_share.sharing.node.ledger import EntrySource, EntryState, Ledger
+from gpu_share.sharing.node.ledger_annotations import inventory_annotation, pod_assignment
+from gpu_share.sharing.node.notes import NoteKind
 from tests.sharing.helpers import NAMES, ctr, devices, engine, pod
 from tests.sharing.kubesim import KubeletSim
 

@@ -1,4 +1,4 @@
-"""L1: the HAMi-core region the agent seeds (sharing/hami_region.py) reads back as the
+"""L1: the HAMi-core region the agent seeds (sharing/node/hami_region.py) reads back as the
 limits it was given; the env reader takes only what the agent's response writes."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpu_share.sharing import hami_region as h
+from gpu_share.sharing.node import hami_region as h
 
 
 @given(st.lists(st.integers(0, 1 << 22), max_size=h.MAX_DEVICES),

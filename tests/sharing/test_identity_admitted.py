@@ -3,14 +3,14 @@ objects they were checked on, and the answer of ``resolve`` is the same as witho
 
 from __future__ import annotations
 
-from gpu_share.sharing import identity
-from gpu_share.sharing.ledger import Ledger
 from gpu_share.sharing.model import (
     PodResourcesContainer,
     PodResourcesPod,
     PodResourcesView,
     ResourceKind,
 )
+from gpu_share.sharing.node import identity
+from gpu_share.sharing.node.ledger import Ledger
 
 from .helpers import NAMES, ctr, pod
 

@@ -10,7 +10,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpu_share.errors import AllocationError, LedgerError
-from gpu_share.sharing.engine import CallContext
 from gpu_share.sharing.ids import (
     MAX_ID_LEN,
     MAX_INDEX_DIGITS,
@@ -19,8 +18,9 @@ from gpu_share.sharing.ids import (
     parse_unit_id,
     unit_id,
 )
-from gpu_share.sharing.ledger import MALFORMED, Ledger
 from gpu_share.sharing.model import ResourceKind
+from gpu_share.sharing.node.engine import CallContext
+from gpu_share.sharing.node.ledger import MALFORMED, Ledger
 from tests.sharing.helpers import engine
 
 MEM, CORE = ResourceKind.MEMORY, ResourceKind.CORE

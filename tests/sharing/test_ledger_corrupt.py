@@ -12,20 +12,20 @@ from hypothesis import strategies as st
 
 from gpu_share.errors import LedgerError
 from gpu_share.sharing.inventory import Inventory
-from gpu_share.sharing.ledger import (
-    DUPLICATE_UNIT,
-    MALFORMED,
-    UNKNOWN_DEVICE,
-    EntrySource,
-    Ledger,
-    LedgerEntry,
-)
 from gpu_share.sharing.model import (
     ContainerKind,
     ContainerRef,
     ContainerRequest,
     DeviceShare,
     ResourceKind,
+)
+from gpu_share.sharing.node.ledger import (
+    DUPLICATE_UNIT,
+    MALFORMED,
+    UNKNOWN_DEVICE,
+    EntrySource,
+    Ledger,
+    LedgerEntry,
 )
 from tests.sharing.helpers import UNIT_MIB, devices
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from gpu_share.errors import LedgerError
-from gpu_share.sharing.ledger import Ledger
+from gpu_share.sharing.node.ledger import Ledger
 
 
 def test_unit_size_round_trips() -> None:

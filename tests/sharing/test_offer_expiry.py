@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-from gpu_share.sharing.engine import DEFAULT_OFFER_TTL_S, AllocationEngine, CallContext
-from gpu_share.sharing.ledger import EntryState
 from gpu_share.sharing.model import PodResourcesView, ResourceKind
-from gpu_share.sharing.notes import NoteKind
+from gpu_share.sharing.node.engine import DEFAULT_OFFER_TTL_S, AllocationEngine, CallContext
+from gpu_share.sharing.node.ledger import EntryState
+from gpu_share.sharing.node.notes import NoteKind
 from tests.sharing.helpers import engine
 
 MEM, CORE = ResourceKind.MEMORY, ResourceKind.CORE

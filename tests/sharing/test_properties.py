@@ -10,9 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpu_share.config.model import PlacementPolicyName
-from gpu_share.sharing.engine import AllocationEngine
-from gpu_share.sharing.ledger import Ledger
 from gpu_share.sharing.model import ContainerKind, ContainerView, ResourceKind
+from gpu_share.sharing.node.engine import AllocationEngine
+from gpu_share.sharing.node.ledger import Ledger
 from tests.sharing.helpers import ctr, devices, engine, pod
 from tests.sharing.kubesim import KubeletSim
 

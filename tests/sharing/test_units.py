@@ -24,7 +24,6 @@ from gpu_share.sharing.ids import (
     unit_id,
 )
 from gpu_share.sharing.inventory import Inventory
-from gpu_share.sharing.ledger import EntrySource, EntryState, Ledger, LedgerEntry
 from gpu_share.sharing.model import (
     ContainerKind,
     ContainerRef,
@@ -32,7 +31,8 @@ from gpu_share.sharing.model import (
     DeviceShare,
     ResourceKind,
 )
-from gpu_share.sharing.policy import DeviceState, choose_whole_devices, get_policy
+from gpu_share.sharing.node.device_policy import DeviceState, choose_whole_devices, get_policy
+from gpu_share.sharing.node.ledger import EntrySource, EntryState, Ledger, LedgerEntry
 from tests.sharing.helpers import UNIT_MIB, devices
 
 MEM, CORE = ResourceKind.MEMORY, ResourceKind.CORE

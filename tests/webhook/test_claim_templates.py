@@ -23,7 +23,7 @@ from gpu_share.kube.claim_templates import (
     templates_path,
 )
 from gpu_share.kube.rest import ApiError, KubeTimeouts
-from gpu_share.sharing.claim_translation import ClaimShape, template_body
+from gpu_share.sharing.dra.claim_translation import ClaimShape, template_body
 from tests.webhook.test_review import S
 
 BODY = template_body(ClaimShape(4, 30), "team-a", S)

@@ -1,4 +1,4 @@
-"""L1: sharing/claim_translation.py: vcuda amounts -> claims, templates and a JSONPatch."""
+"""L1: sharing/dra/claim_translation.py: vcuda amounts -> claims, templates and a JSONPatch."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpu_share.sharing.claim_translation import (
+from gpu_share.sharing.dra.claim_translation import (
     ClaimRequestError,
     ClaimShape,
     TranslationSettings,

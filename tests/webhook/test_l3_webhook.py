@@ -31,7 +31,7 @@ from gpu_share.kube.claim_templates import (
 )
 from gpu_share.kube.rest import ApiError, RestClient, make_rest_client
 from gpu_share.observability.http import BoundedServer
-from gpu_share.sharing.claim_translation import ClaimShape, TranslationSettings, template_body
+from gpu_share.sharing.dra.claim_translation import ClaimShape, TranslationSettings, template_body
 from gpu_share.sharing.model import ResourceNames
 from gpu_share.sharing.quantity import parse_quantity
 from gpu_share.webhook.http import make_server

@@ -12,7 +12,7 @@ import pytest
 from gpu_share.errors import KubeAccessError
 from gpu_share.kube.claim_templates import TemplateConflict
 from gpu_share.kube.rest import ApiError
-from gpu_share.sharing.claim_translation import TranslationSettings
+from gpu_share.sharing.dra.claim_translation import TranslationSettings
 from gpu_share.sharing.model import ResourceNames
 from gpu_share.webhook.review import INTERNAL_ERROR, MAX_DEPTH, Mutator
 from tests.webhook.jsonpatch import apply_patch

@@ -215,7 +215,7 @@ agent's ServiceAccount, the extender's (when the scheduler is enabled), and the 
 
 {{/* What the pools' configs name, as JSON: annotation prefixes ("gpu-share.<domain>/"),
 the keys under them that pod authors write (tenantKeys: the GPU models a pod accepts,
-sharing/model_req.py models_key), memory and core resource names, and whether any pool
+sharing/placement/pod_models.py models_key), memory and core resource names, and whether any pool
 enforces limits (mps, hami-core, nvidia-memory-limits). */}}
 {{- define "gpu-share.poolResources" -}}
 {{- $root := . -}}

@@ -10,10 +10,10 @@ from collections.abc import Callable
 from gpu_share.agent.ports import AgentMetrics, PodResourcesSource, PodSource
 from gpu_share.agent.publisher import BackgroundPublisher
 from gpu_share.errors import AllocationError, KubeAccessError, event_reason_of, metric_label_of
-from gpu_share.sharing.engine import Allocation, CallContext, Preferred
-from gpu_share.sharing.ledger import EntrySource, PodKey
 from gpu_share.sharing.model import ContainerRef, PodResourcesView, PodView
-from gpu_share.sharing.notes import NoteKind, degraded_label, texts
+from gpu_share.sharing.node.engine import Allocation, CallContext, Preferred
+from gpu_share.sharing.node.ledger import EntrySource, PodKey
+from gpu_share.sharing.node.notes import NoteKind, degraded_label, texts
 
 log = logging.getLogger(__name__)
 

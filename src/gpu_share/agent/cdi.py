@@ -30,7 +30,7 @@ from gpu_share.sharing.cdi import (
     spec_file_name,
     uses_cdi,
 )
-from gpu_share.sharing.dra_cdi import claim_spec_prefix
+from gpu_share.sharing.dra.cdi import claim_spec_prefix
 
 log = logging.getLogger(__name__)
 

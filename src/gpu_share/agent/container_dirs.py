@@ -10,9 +10,9 @@ from collections.abc import Iterable
 
 from gpu_share.agent.hostdirs import HostDirs, Keys, seed_region
 from gpu_share.errors import AllocationError, AllocationReason
-from gpu_share.sharing.ledger import LedgerEntry
-from gpu_share.sharing.limits import host_dir_key
 from gpu_share.sharing.model import AllocateSpec
+from gpu_share.sharing.node.ledger import LedgerEntry
+from gpu_share.sharing.node.limits import host_dir_key
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ class ContainerDirs:
 
     def make(self, entry: LedgerEntry, spec: AllocateSpec) -> None:
         """The container's private cache dir, its HAMi-core region seeded with the
-        slice's limits (sharing/hami_region.py). Raises ``HOST_DIR_UNAVAILABLE``: a
+        slice's limits (sharing/node/hami_region.py). Raises ``HOST_DIR_UNAVAILABLE``: a
         slice whose limits cannot reach its container is not handed out."""
         if self.dirs is None:
             return

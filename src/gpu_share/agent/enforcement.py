@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from gpu_share.config.model import DeviceListStrategy, EnforcementMode, RuntimeConfig
 from gpu_share.devices import nvml_features
-from gpu_share.sharing.limits import BY_STRENGTH, STRENGTH
+from gpu_share.sharing.node.limits import BY_STRENGTH, STRENGTH
 
 CHECKSUM_SUFFIX = ".sha256"
 _SHA256 = re.compile(r"[0-9a-f]{64}")

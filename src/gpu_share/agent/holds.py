@@ -3,7 +3,7 @@
 - the admin's cordons (``sharing/cordon.py``; an unreadable value cordons too);
 - every device until the node's cordons were first read (``await``, bounded);
 - the devices DRA claims prepared before a switch to device-plugin mode may still hold
-  (``agent/dra_leftovers.py``);
+  (``agent/dra/leftovers.py``);
 - every device while the node cannot enforce its pool's mode (``agent/enforcement.py``).
 
 State only, and what to tell about it; the agent applies ``held`` to its engine under its

@@ -1,6 +1,6 @@
 """Per-container host directories under one root (HAMi-core's cache dir).
 
-Created at Allocate (named ``sharing.limits.host_dir_key``: pod UID + container, so a
+Created at Allocate (named ``sharing.node.limits.host_dir_key``: pod UID + container, so a
 later pod of the same name never inherits one) and removed when the ledger entry is
 released, whatever released it: ``follow`` is given the keys of the ledger after every
 change and trashes the dirs whose keys left it (a key that left because a blind entry was
@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import TypeAlias
 
-from gpu_share.sharing import hami_region
+from gpu_share.sharing.node import hami_region
 
 log = logging.getLogger(__name__)
 Keys: TypeAlias = Mapping[str, frozenset[str]]  # host dir key -> unit ids its entry holds
@@ -40,7 +40,7 @@ _serial = itertools.count()
 
 def seed_region(dirs: HostDirs, key: str, envs: Mapping[str, str]) -> None:
     """HAMi-core's region in the dir ``key``, its limits those of ``envs`` (the slice's
-    response): set before any process of the container runs (sharing/hami_region.py)."""
+    response): set before any process of the container runs (sharing/node/hami_region.py)."""
     parts = hami_region.region_parts(*hami_region.limits_from_env(envs))
     dirs.seed(key, hami_region.CACHE_FILE, parts, hami_region.FILE_SIZE)
 

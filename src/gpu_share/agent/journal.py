@@ -16,7 +16,7 @@ from gpu_share.agent.ports import AgentMetrics
 from gpu_share.agent.state import LedgerStore
 from gpu_share.errors import LedgerError
 from gpu_share.sharing.inventory import Inventory
-from gpu_share.sharing.ledger import Ledger
+from gpu_share.sharing.node.ledger import Ledger
 
 log = logging.getLogger(__name__)
 

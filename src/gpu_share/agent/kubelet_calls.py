@@ -14,10 +14,10 @@ from gpu_share.agent.calls import CallReports
 from gpu_share.agent.container_dirs import ContainerDirs
 from gpu_share.agent.ports import AgentMetrics
 from gpu_share.errors import AllocationError, AllocationReason
-from gpu_share.sharing.engine import Allocation, AllocationEngine, CallContext
-from gpu_share.sharing.ledger import LedgerEntry
-from gpu_share.sharing.limits import MEMORY_REQUIRED
 from gpu_share.sharing.model import AdvertisedDevice, AllocateSpec, ResourceKind, ResourceNames
+from gpu_share.sharing.node.engine import Allocation, AllocationEngine, CallContext
+from gpu_share.sharing.node.ledger import LedgerEntry
+from gpu_share.sharing.node.limits import MEMORY_REQUIRED
 
 # Refusals after which the kubelet runs nothing: the decision is dropped, not kept.
 REFUSED = frozenset({MEMORY_REQUIRED, AllocationReason.HOST_DIR_UNAVAILABLE})

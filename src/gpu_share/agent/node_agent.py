@@ -47,14 +47,7 @@ from gpu_share.errors import (
     GpuShareError,
 )
 from gpu_share.observability.loops import LoopSupervisor
-from gpu_share.sharing.annotations import inventory_annotation
-from gpu_share.sharing.engine import (
-    AllocationEngine,
-    CallContext,
-    ReconcileResult,
-)
 from gpu_share.sharing.inventory import Inventory
-from gpu_share.sharing.ledger import LedgerEntry
 from gpu_share.sharing.model import (
     AllocateSpec,
     PodResourcesView,
@@ -62,7 +55,14 @@ from gpu_share.sharing.model import (
     ResourceKind,
     ResourceNames,
 )
-from gpu_share.sharing.policy import make_policy
+from gpu_share.sharing.node.device_policy import make_policy
+from gpu_share.sharing.node.engine import (
+    AllocationEngine,
+    CallContext,
+    ReconcileResult,
+)
+from gpu_share.sharing.node.ledger import LedgerEntry
+from gpu_share.sharing.node.ledger_annotations import inventory_annotation
 
 log = logging.getLogger(__name__)
 

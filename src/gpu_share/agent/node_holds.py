@@ -16,7 +16,7 @@ from gpu_share.agent.holds import DeviceHolds, report_cordon_change, report_enfo
 from gpu_share.agent.ports import AgentMetrics
 from gpu_share.config.model import EnforcementMode, RuntimeConfig
 from gpu_share.sharing.cordon import Cordon, diff_cordons, scan_cordons
-from gpu_share.sharing.engine import AllocationEngine
+from gpu_share.sharing.node.engine import AllocationEngine
 
 Say = Callable[[str, str], None]  # a node Event: reason, message
 

@@ -19,11 +19,11 @@ from gpu_share.sharing.annotations import (
     encode_inventory,
     enforcement_key,
     inventory_key,
-    pod_assignment,
 )
 from gpu_share.sharing.decision import PREVIOUS_KEY_FILE
-from gpu_share.sharing.engine import AllocationEngine
 from gpu_share.sharing.model import ResourceNames
+from gpu_share.sharing.node.engine import AllocationEngine
+from gpu_share.sharing.node.ledger_annotations import pod_assignment
 
 
 def node_labels(domain: str, status: EnforcementStatus) -> Mapping[str, str | None]:

@@ -21,7 +21,7 @@ nvidia-*    memory limit (driver), no SM cap    memory limit (driver)        Mem
 (``nvidia-*``: ``nvidia-memory-limits``.)
 
 The arithmetic (limits, the MemoryRequired rule, host dir names) is pure and lives in
-``sharing/limits.py``.
+``sharing/node/limits.py``.
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ from gpu_share.devices.base import Device, RuntimeNaming
 from gpu_share.errors import AllocationError, AllocationReason
 from gpu_share.sharing.cdi import memory_limits_hook
 from gpu_share.sharing.inventory import Inventory
-from gpu_share.sharing.ledger import LedgerEntry
-from gpu_share.sharing.limits import check_enforceable, core_percent, host_dir_key, memory_mib
 from gpu_share.sharing.model import AllocateSpec, DeviceNodeSpec, DeviceShare, Hook, Mount
+from gpu_share.sharing.node.ledger import LedgerEntry
+from gpu_share.sharing.node.limits import check_enforceable, core_percent, host_dir_key, memory_mib
 
 ENV_MEMORY_LIMIT = "GPU_SHARE_MEMORY_LIMIT_MIB"
 ENV_CORE_PERCENT = "GPU_SHARE_CORE_PERCENT"
@@ -161,7 +161,7 @@ def _nvidia_memory_limits(out: _Out, runtime: RuntimeConfig, s: _Slice) -> None:
         return
     nml = runtime.nvidia_memory_limits
     # Request (the soft limit) is what placement counted; the limit (hard) is the same
-    # unless the claim may burst to a cap (``dra_claims.memory_cap_mib``).
+    # unless the claim may burst to a cap (``sharing.dra.claims.memory_cap_mib``).
     out.envs[ENV_NVIDIA_MEMORY_REQUEST] = str(s.mem[0])
     out.envs[ENV_NVIDIA_MEMORY_LIMIT] = str(s.cap or s.mem[0])
     names = [f"{nml.cdi_kind}={u}" for u in s.uuids]

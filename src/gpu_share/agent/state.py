@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 from gpu_share.errors import LedgerError
-from gpu_share.sharing.ledger import MALFORMED, Ledger
+from gpu_share.sharing.node.ledger import MALFORMED, Ledger
 
 LEDGER_FILE = "ledger.json"
 JOURNAL_PREFIX = "ledger.journal."
@@ -23,7 +23,7 @@ MAX_LEDGER_BYTES = 64 * 1024 * 1024
 # Quarantined files kept for a person to inspect; older ones are deleted.
 MAX_QUARANTINED = 5
 
-# LedgerError reasons raised here (the others come from sharing.ledger).
+# LedgerError reasons raised here (the others come from sharing.node.ledger).
 UNREADABLE = "LedgerUnreadable"  # I/O error, or not a regular file
 TOO_LARGE = "LedgerTooLarge"
 WRITE_FAILED = "LedgerWriteFailed"  # disk full, EACCES, read-only file system, ...

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from gpu_share.agent.journal import LedgerJournal
 from gpu_share.agent.ports import AgentMetrics
 from gpu_share.errors import LedgerError
-from gpu_share.sharing.engine import AllocationEngine
+from gpu_share.sharing.node.engine import AllocationEngine
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from gpu_share.agent.dra_claims import ClaimSource
+from gpu_share.agent.dra.claims import ClaimSource
 from gpu_share.agent.ports import PodSource, Publisher
 from gpu_share.config.model import AgentConfig
 from gpu_share.errors import KubeAccessError

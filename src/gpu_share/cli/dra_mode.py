@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import logging
 
-from gpu_share.agent.dra_claims import DraClaimPreparer
-from gpu_share.agent.dra_slices import DraSliceLoop
+from gpu_share.agent.dra.claims import DraClaimPreparer
+from gpu_share.agent.dra.slices import DraSliceLoop
 from gpu_share.agent.node_agent import NodeAgent
 from gpu_share.config.model import AgentConfig
 from gpu_share.devices.base import DeviceBackend

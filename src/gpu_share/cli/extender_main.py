@@ -36,7 +36,6 @@ from gpu_share.observability.http import (
 from gpu_share.observability.metrics import ExtenderMetrics
 from gpu_share.sharing.decision import PREVIOUS_KEY_FILE
 from gpu_share.sharing.model import ResourceNames
-from gpu_share.sharing.model_req import DEFAULT_MODEL_LABEL
 from gpu_share.sharing.placement import (
     ClusterPolicy,
     ClusterPolicyName,
@@ -44,6 +43,7 @@ from gpu_share.sharing.placement import (
     Workload,
     make_policy,
 )
+from gpu_share.sharing.placement.pod_models import DEFAULT_MODEL_LABEL
 
 log = logging.getLogger("gpu_share.extender")
 

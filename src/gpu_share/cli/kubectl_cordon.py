@@ -34,7 +34,7 @@ from gpu_share.sharing.cordon import (
     cordon_key,
     parse_cordon,
 )
-from gpu_share.sharing.dra_slices import device_name
+from gpu_share.sharing.dra.slices import device_name
 
 MERGE_PATCH = "application/merge-patch+json"
 WAIT_POLL_S = 0.5

@@ -22,10 +22,10 @@ from gpu_share.sharing.annotations import (
 )
 from gpu_share.sharing.cordon import Cordon, scan_cordons
 from gpu_share.sharing.model import ResourceNames
-from gpu_share.sharing.model_req import DEFAULT_MODEL_LABEL, node_model
 from gpu_share.sharing.placement import NodeSlots
+from gpu_share.sharing.placement.pod_models import DEFAULT_MODEL_LABEL, node_model
+from gpu_share.sharing.placement.pod_request import PodRequest, read_pod_request
 from gpu_share.sharing.placement.view import Usage, node_slots, pod_usage
-from gpu_share.sharing.pod_request import PodRequest, read_pod_request
 from gpu_share.sharing.quantity import QuantityError, cpu_milli, memory_mib
 
 TERMINAL = ("Succeeded", "Failed")

@@ -42,7 +42,7 @@ from gpu_share.plugin.podresources import PodResourcesClient
 from gpu_share.plugin.sizeguard import guard_devices
 
 if TYPE_CHECKING:  # imported when the API server is wanted, off the path to registration
-    from gpu_share.agent.dra_leftovers import DraLeftovers
+    from gpu_share.agent.dra.leftovers import DraLeftovers
     from gpu_share.cli.dra_mode import DraFrontEnd
     from gpu_share.dra.server import DraPluginServer
 
@@ -246,8 +246,8 @@ class _Node:
 
     def _dra_leftovers(self, agent: NodeAgent) -> None:
         """Device-plugin mode: the claims a DRA pool prepared on this node before the
-        switch hold their devices until they end (agent/dra_leftovers.py)."""
-        from gpu_share.agent.dra_leftovers import RECHECK_S, DraLeftovers
+        switch hold their devices until they end (agent/dra/leftovers.py)."""
+        from gpu_share.agent.dra.leftovers import RECHECK_S, DraLeftovers
         from gpu_share.dra.server import DraPluginServer
 
         cfg = self.cfg

@@ -20,7 +20,7 @@ from gpu_share.errors import KubeAccessError, UsageError
 from gpu_share.kube.claim_templates import ClaimTemplates, OptInNamespaces
 from gpu_share.kube.rest import make_rest_client
 from gpu_share.observability.http import BoundedServer, ServerLimits
-from gpu_share.sharing.claim_translation import DEFAULT_DEVICE_CLASS, TranslationSettings
+from gpu_share.sharing.dra.claim_translation import DEFAULT_DEVICE_CLASS, TranslationSettings
 from gpu_share.sharing.model import ResourceNames
 from gpu_share.webhook.http import WEBHOOK_LIMITS, make_server
 from gpu_share.webhook.review import Mutator

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import grpc
 
-from gpu_share.agent.dra_ports import ClaimPreparer
+from gpu_share.agent.dra.ports import ClaimPreparer
 from gpu_share.dra import sockets
 from gpu_share.dra.guard import MAX_MESSAGE_BYTES
 from gpu_share.dra.registration import RegistrationService, registration_socket_name

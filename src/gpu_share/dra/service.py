@@ -3,7 +3,7 @@
 The two versions are the same messages under two packages, so one set of handlers
 serves both: requests are read and answers written with the v1 classes whatever the
 version called (the bytes are identical; tests/dra check the descriptors match). The
-handlers only check the request, convert it to ``agent.dra_ports`` and back; every
+handlers only check the request, convert it to ``agent.dra.ports`` and back; every
 decision is the ``ClaimPreparer``'s.
 
 A bad request (a claim without uid, names that are not Kubernetes names, too many
@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from gpu_share.agent.dra_ports import ClaimPreparer, ClaimRef, PrepareResult
+from gpu_share.agent.dra.ports import ClaimPreparer, ClaimRef, PrepareResult
 from gpu_share.dra import guard
 from gpu_share.dra.guard import Malformed
 from gpu_share.dra.proto import dra_v1_pb2 as v1
@@ -41,7 +41,7 @@ MAX_NAME_CHARS = 253
 MAX_RESPONSE_BYTES = 3 << 20
 
 # The uid names files and CDI devices downstream: no separators, alphanumeric ends
-# (the same rule as the agent's ``sharing.dra_claims.CLAIM_UID``).
+# (the same rule as the agent's ``sharing.dra.claims.CLAIM_UID``).
 _UID = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?", re.ASCII)
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", re.ASCII)
 _DNS_SUBDOMAIN = re.compile(

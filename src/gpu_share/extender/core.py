@@ -21,7 +21,6 @@ from gpu_share.extender.api import (
 from gpu_share.extender.ports import Binder, ClusterView
 from gpu_share.sharing.decision import ContainerDecision, Decision, decision_key, sign
 from gpu_share.sharing.model import ResourceNames
-from gpu_share.sharing.model_req import DEFAULT_MODEL_LABEL
 from gpu_share.sharing.placement import (
     ClusterPolicy,
     NodeSlots,
@@ -34,7 +33,8 @@ from gpu_share.sharing.placement import (
     model_free,
     node_key,
 )
-from gpu_share.sharing.pod_request import PodRequest, parse_pod_request
+from gpu_share.sharing.placement.pod_models import DEFAULT_MODEL_LABEL
+from gpu_share.sharing.placement.pod_request import PodRequest, parse_pod_request
 
 MAX_PRIORITY = 10  # extenderv1.MaxExtenderPriority
 _NO_INV = NoFitCause.NO_INVENTORY
@@ -56,7 +56,7 @@ class ExtenderSettings:
 
 
 def pod_ask(pod: Mapping[str, Any], settings: ExtenderSettings) -> PodRequest:
-    """What ``pod`` asks (``sharing.pod_request``); raises ``PodRequestError`` (a
+    """What ``pod`` asks (``sharing.placement.pod_request``); raises ``PodRequestError`` (a
     ValueError) on a malformed quantity, models annotation or affinity."""
     names = settings.resources
     return parse_pod_request(

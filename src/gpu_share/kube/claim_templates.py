@@ -27,7 +27,7 @@ from typing import Any
 
 from gpu_share.errors import KubeAccessError
 from gpu_share.kube.rest import ApiError, KubeTimeouts, RestClient, quote_name
-from gpu_share.sharing.claim_translation import API_VERSION, template_matches
+from gpu_share.sharing.dra.claim_translation import API_VERSION, template_matches
 
 __all__ = [
     "WEBHOOK_RULES",

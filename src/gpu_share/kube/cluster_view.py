@@ -38,10 +38,10 @@ from gpu_share.sharing.annotations import (
     enforcement_problem,
     inventory_key,
 )
-from gpu_share.sharing.model_req import DEFAULT_MODEL_LABEL, node_model
 from gpu_share.sharing.placement import ModelReq, NodeSlots, Shape, Workload
+from gpu_share.sharing.placement.pod_models import DEFAULT_MODEL_LABEL, node_model
+from gpu_share.sharing.placement.pod_request import PodRequest, read_pod_request
 from gpu_share.sharing.placement.view import Usage, node_slots, pod_usage
-from gpu_share.sharing.pod_request import PodRequest, read_pod_request
 
 log = logging.getLogger(__name__)
 PENDING_TTL_S = 120.0  # a reservation the watch never confirmed is dropped after this
@@ -92,7 +92,7 @@ class KubeClusterView:
         self._slots: dict[str, NodeSlots] = {}
         self._mem, self._cores = memory_resource, core_resource
         self._default = default_workload
-        self._model_label = model_label  # node label naming the GPU model (model_req)
+        self._model_label = model_label  # node label naming the GPU model (placement.pod_models)
         self._model: dict[str, str] = {}  # node -> its model as requirements name it
         self._unavailable: dict[str, str] = {}  # node -> why it takes no new slice
         self._t = timeouts or KubeTimeouts()

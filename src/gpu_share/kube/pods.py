@@ -26,7 +26,7 @@ from gpu_share.kube.listwatch import (
 from gpu_share.kube.rest import ApiError, KubeTimeouts, RestClient, quote_name
 from gpu_share.observability.loops import LoopSupervisor
 from gpu_share.sharing.model import PodView
-from gpu_share.sharing.pod_request import read_pod_request
+from gpu_share.sharing.placement.pod_request import read_pod_request
 
 if TYPE_CHECKING:
     from kubernetes import client as k8s
@@ -56,7 +56,7 @@ def pod_view_from_dict(
 ) -> PodView:
     """A pod in its JSON form (camelCase keys, as the API server sends it) -> PodView.
 
-    Containers and their requests are read by ``sharing.pod_request`` (kubelet admission
+    Containers and their requests are read by ``sharing.placement.pod_request`` (kubelet admission
     order; a malformed amount counts as 0 and is logged).
     """
     meta = obj.get("metadata") or {}

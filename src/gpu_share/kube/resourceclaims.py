@@ -31,7 +31,7 @@ def claim_path(namespace: str, name: str) -> str:
 
 
 class KubeClaimReader:
-    """``agent.dra_claims.ClaimSource`` over the API server."""
+    """``agent.dra.claims.ClaimSource`` over the API server."""
 
     def __init__(self, api: RestClient, *, timeouts: KubeTimeouts | None = CLAIM_TIMEOUTS,
                  max_body_bytes: int = MAX_CLAIM_BYTES) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 
 from gpu_share.errors import KubeAccessError
 from gpu_share.kube.rest import ApiError, KubeTimeouts, RestClient, quote_name
-from gpu_share.sharing.dra_slices import SliceContent, digest_annotation, slice_body
+from gpu_share.sharing.dra.slices import SliceContent, digest_annotation, slice_body
 
 log = logging.getLogger(__name__)
 

@@ -33,8 +33,6 @@ from typing import Any
 
 from gpu_share.errors import GpuShareError
 from gpu_share.sharing.decision import mac, sig_matches
-from gpu_share.sharing.inventory import Inventory
-from gpu_share.sharing.ledger import DeviceUsage, Ledger
 from gpu_share.sharing.model import DeviceShare
 
 ANNOTATION_VERSION = "v1"
@@ -288,30 +286,3 @@ def encode_inventory(doc: InventoryAnnotation) -> str:
 
 def encode_assignment(doc: PodAssignment) -> str:
     return doc.encode()
-
-
-def inventory_annotation(
-    node: str, inventory: Inventory, usage: Mapping[str, DeviceUsage]
-) -> InventoryAnnotation:
-    """What the node's inventory annotation says (used = held + reserved)."""
-    return InventoryAnnotation(
-        node,
-        inventory.unit_mib,
-        tuple(
-            InventoryDevice(
-                d.uuid, d.index, d.model, d.memory_units, usage[d.uuid].memory_used, d.cores,
-                usage[d.uuid].cores_used, d.healthy, d.numa_node, inventory.is_cordoned(d.uuid),
-            )
-            for d in inventory.devices
-        ),
-    )
-
-
-def pod_assignment(ledger: Ledger, namespace: str, name: str) -> PodAssignment | None:
-    """What the pod's assignment annotation says; None when we hold nothing for it."""
-    entries = ledger.pod_entries((namespace, name))
-    if not entries:
-        return None
-    return PodAssignment(
-        {e.ref.container_name: ContainerAssignment(e.shares, e.source.value) for e in entries}
-    )

@@ -30,7 +30,7 @@ from typing import Any
 from gpu_share.errors import InputError, KubeAccessError
 from gpu_share.kube.claim_templates import TemplateConflict
 from gpu_share.observability import jsonbody
-from gpu_share.sharing.claim_translation import (
+from gpu_share.sharing.dra.claim_translation import (
     ClaimRequestError,
     TranslationSettings,
     translate_pod,

@@ -5,6 +5,7 @@ Used by the scheduler extender (``gpu_share.extender``) and the trace replay
 """
 
 from gpu_share.sharing.placement.cluster import ClusterIndex, choose
+from gpu_share.sharing.placement.cluster_policy import ClusterPolicy, ClusterPolicyName, make_policy
 from gpu_share.sharing.placement.evaluate import (
     apply,
     evaluate_node,
@@ -15,7 +16,15 @@ from gpu_share.sharing.placement.evaluate import (
     pod_shape,
 )
 from gpu_share.sharing.placement.fragmentation import Shape, Workload, amount
-from gpu_share.sharing.placement.model import (
+from gpu_share.sharing.placement.gpu_models import (
+    ANY_MODEL,
+    ModelPressure,
+    ModelReq,
+    ModelTerm,
+    label_form,
+)
+from gpu_share.sharing.placement.pod_scores import PodScores
+from gpu_share.sharing.placement.slots import (
     MILLI,
     ContainerPlacement,
     Demand,
@@ -27,15 +36,6 @@ from gpu_share.sharing.placement.model import (
     PodDemand,
     TieBreak,
 )
-from gpu_share.sharing.placement.models import (
-    ANY_MODEL,
-    ModelPressure,
-    ModelReq,
-    ModelTerm,
-    label_form,
-)
-from gpu_share.sharing.placement.pod_scores import PodScores
-from gpu_share.sharing.placement.policy import ClusterPolicy, ClusterPolicyName, make_policy
 
 __all__ = [
     "ANY_MODEL",

@@ -13,6 +13,15 @@ import bisect
 import random
 from collections.abc import Iterable, Mapping, Sequence
 
+from gpu_share.sharing.placement.cluster_policy import (
+    ClusterPolicy,
+    DemandShape,
+    Plan,
+    Score,
+    StateEval,
+    StateParts,
+    state_parts,
+)
 from gpu_share.sharing.placement.evaluate import (
     apply,
     evaluate_node,
@@ -23,22 +32,13 @@ from gpu_share.sharing.placement.evaluate import (
     pod_shape,
     realise,
 )
-from gpu_share.sharing.placement.model import (
+from gpu_share.sharing.placement.slots import (
     NodeSlots,
     NoFit,
     Placement,
     PodDemand,
     StateKey,
     TieBreak,
-)
-from gpu_share.sharing.placement.policy import (
-    ClusterPolicy,
-    DemandShape,
-    Plan,
-    Score,
-    StateEval,
-    StateParts,
-    state_parts,
 )
 
 

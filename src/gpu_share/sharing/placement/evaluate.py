@@ -8,8 +8,9 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import replace
 
+from gpu_share.sharing.placement.cluster_policy import ClusterPolicy, DemandShape, Host, StateEval
 from gpu_share.sharing.placement.fragmentation import amount
-from gpu_share.sharing.placement.model import (
+from gpu_share.sharing.placement.slots import (
     ContainerPlacement,
     DeviceSlot,
     NodeSlots,
@@ -18,7 +19,6 @@ from gpu_share.sharing.placement.model import (
     Placement,
     PodDemand,
 )
-from gpu_share.sharing.placement.policy import ClusterPolicy, DemandShape, Host, StateEval
 
 
 def pod_shape(pod: PodDemand) -> DemandShape:

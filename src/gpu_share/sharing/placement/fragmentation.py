@@ -18,9 +18,9 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from gpu_share.sharing.placement.model import MILLI, DevKey, StateKey
-from gpu_share.sharing.placement.models import ANY_MODEL, ModelPressure, ModelReq
+from gpu_share.sharing.placement.gpu_models import ANY_MODEL, ModelPressure, ModelReq
 from gpu_share.sharing.placement.prices import SharePrices, grid, share_prices
+from gpu_share.sharing.placement.slots import MILLI, DevKey, StateKey
 
 
 def amount(d: DevKey) -> float:

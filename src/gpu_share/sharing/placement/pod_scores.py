@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
 
+from gpu_share.sharing.placement.cluster_policy import ClusterPolicy, Plan, Score
 from gpu_share.sharing.placement.evaluate import (
     host_nofit,
     host_of,
@@ -12,8 +13,7 @@ from gpu_share.sharing.placement.evaluate import (
     node_key,
     pod_shape,
 )
-from gpu_share.sharing.placement.model import NodeSlots, NoFit, PodDemand, StateKey
-from gpu_share.sharing.placement.policy import ClusterPolicy, Plan, Score
+from gpu_share.sharing.placement.slots import NodeSlots, NoFit, PodDemand, StateKey
 
 
 class PodScores:

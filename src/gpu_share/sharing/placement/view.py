@@ -17,8 +17,8 @@ from gpu_share.sharing.annotations import (
     assignment_key,
 )
 from gpu_share.sharing.decision import DecisionError, decision_key, decode_unverified
-from gpu_share.sharing.placement.model import DeviceSlot, NodeSlots
-from gpu_share.sharing.placement.models import label_form
+from gpu_share.sharing.placement.gpu_models import label_form
+from gpu_share.sharing.placement.slots import DeviceSlot, NodeSlots
 
 Usage = dict[str, tuple[int, int]]  # device uuid -> (memory units, cores)
 
@@ -65,7 +65,7 @@ def node_slots(
     unavailable: str = "",
 ) -> NodeSlots:
     """``model``: the node's GPU model as requirements name it (its product label, see
-    ``sharing.model_req.node_model``); default: the inventory's model in label form.
+    ``sharing.placement.pod_models.node_model``); default: the inventory's model in label form.
     ``unavailable``: why the node takes no new slice (``annotations.enforcement_problem``)."""
     held: Usage = {}
     for u in usages:

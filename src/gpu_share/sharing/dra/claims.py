@@ -1,6 +1,6 @@
 """A ResourceClaim allocated from our ResourceSlice, read as device shares (DRA mode).
 
-Pure: the agent (``agent/dra_claims.py``) reads the claim from the API server and writes
+Pure: the agent (``agent/dra/claims.py``) reads the claim from the API server and writes
 the CDI spec built here. What the claim says is the scheduler's allocation
 (``status.allocation.devices``): one result per allocated device share of any driver;
 ours are named ``gpu-<index>`` in the pool of this node and carry the capacity they
@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_share.config.model import EnforcementMode
-from gpu_share.sharing.dra_config import ClaimConfig, claim_config
-from gpu_share.sharing.dra_reading import (
+from gpu_share.sharing.dra.config import ClaimConfig, claim_config
+from gpu_share.sharing.dra.reading import (
     ClaimError,
     ClaimReason,
     read_items,
@@ -31,8 +31,8 @@ from gpu_share.sharing.dra_reading import (
     shown,
 )
 from gpu_share.sharing.inventory import CORES_PER_DEVICE, DeviceCapacity, Inventory
-from gpu_share.sharing.limits import STRENGTH
 from gpu_share.sharing.model import ContainerRequest, DeviceShare
+from gpu_share.sharing.node.limits import STRENGTH
 from gpu_share.sharing.quantity import MIB
 
 MEMORY_CAPACITY = "memory"

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpu_share.sharing.placement.models import (
+from gpu_share.sharing.placement.gpu_models import (
     ANY_MODEL,
     MAX_MODELS,
     MAX_NAME,

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from gpu_share.observability.loops import LoopSupervisor
-from gpu_share.sharing.dra_slices import SliceContent, slice_content
+from gpu_share.sharing.dra.slices import SliceContent, slice_content
 from gpu_share.sharing.inventory import Inventory
 
 log = logging.getLogger(__name__)

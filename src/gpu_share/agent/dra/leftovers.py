@@ -35,15 +35,15 @@ from pathlib import Path
 from typing import Any
 
 from gpu_share.agent.cdi import SPEC_MODE
-from gpu_share.agent.dra_checkpoint import CHECKPOINT_FILE, Checkpoint, PreparedClaim, json_bytes
-from gpu_share.agent.dra_claims import ClaimSource
-from gpu_share.agent.dra_ports import ClaimRef, PrepareResult
+from gpu_share.agent.dra.checkpoint import CHECKPOINT_FILE, Checkpoint, PreparedClaim, json_bytes
+from gpu_share.agent.dra.claims import ClaimSource
+from gpu_share.agent.dra.ports import ClaimRef, PrepareResult
 from gpu_share.agent.files import write_atomic
 from gpu_share.agent.hostdirs import HostDirs
 from gpu_share.config.model import AgentConfig
 from gpu_share.errors import KubeAccessError
 from gpu_share.kube.resourceclaims import ClaimNotFoundError
-from gpu_share.sharing.dra_cdi import claim_spec_file_name
+from gpu_share.sharing.dra.cdi import claim_spec_file_name
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ extender's cluster view (``kube/cluster_view``) all read a pod's requests here:
   when no limit names the resource. An amount must be a whole, non-negative quantity
   of at most ``MAX_AMOUNT`` ("4", 4, "1k").
 - for placement, the host CPU/memory the scheduler reserves (``quantity``) and the GPU
-  models the pod accepts (``model_req``).
+  models the pod accepts (``pod_models``).
 
 Pods are tenant input: counts and sizes are bounded, and anything malformed is a
 ``PodRequestError`` (a ``ValueError``) naming where, never another exception.
@@ -26,8 +26,8 @@ from typing import Any
 
 from gpu_share.errors import InputError
 from gpu_share.sharing.model import ContainerKind, ContainerRequest, ContainerView
-from gpu_share.sharing.model_req import DEFAULT_MODEL_LABEL, pod_models
 from gpu_share.sharing.placement import ANY_MODEL, Demand, ModelReq, PodDemand
+from gpu_share.sharing.placement.pod_models import DEFAULT_MODEL_LABEL, pod_models
 from gpu_share.sharing.quantity import QuantityError, parse_quantity, pod_host_request
 
 __all__ = [

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 from gpu_share.sharing.ids import tally_devices
 from gpu_share.sharing.inventory import DeviceCapacity, Inventory
-from gpu_share.sharing.ledger import DeviceUsage, Ledger, LedgerEntry, PodKey
 from gpu_share.sharing.model import PerKind, ResourceKind
-from gpu_share.sharing.policy import DeviceState
+from gpu_share.sharing.node.device_policy import DeviceState
+from gpu_share.sharing.node.ledger import DeviceUsage, Ledger, LedgerEntry, PodKey
 
 
 @dataclass(frozen=True)

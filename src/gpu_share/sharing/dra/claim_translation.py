@@ -31,7 +31,7 @@ from typing import Any
 
 from gpu_share.sharing.inventory import CORES_PER_DEVICE
 from gpu_share.sharing.model import ContainerView, ResourceNames
-from gpu_share.sharing.pod_request import PodRequestError, amount, parse_pod_request
+from gpu_share.sharing.placement.pod_request import PodRequestError, amount, parse_pod_request
 from gpu_share.sharing.quantity import QuantityError, parse_quantity
 
 __all__ = [

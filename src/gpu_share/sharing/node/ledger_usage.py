@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING
 
 from gpu_share.sharing.ids import device_of, tally_devices
 from gpu_share.sharing.inventory import Inventory
-from gpu_share.sharing.ledger_entry import DeviceUsage, LedgerEntry, PodKey
 from gpu_share.sharing.model import (
     ResourceKind,
 )
+from gpu_share.sharing.node.ledger_entry import DeviceUsage, LedgerEntry, PodKey
 
 if TYPE_CHECKING:
-    from gpu_share.sharing.ledger import Ledger
+    from gpu_share.sharing.node.ledger import Ledger
 
 @dataclass(frozen=True)
 class _PodPart:

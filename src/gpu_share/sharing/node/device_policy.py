@@ -1,4 +1,5 @@
-"""Placement policies: which device(s) get a new decision.
+"""The node's device policies (the agent's ``placement.policy``): which device(s) get a
+new decision. Cluster policies, which pick the node, are ``placement/cluster_policy.py``.
 
 A policy only ranks devices that already fit; fitting (health, free units, exclusivity)
 is decided by the engine. Ties always go to the lowest device index.

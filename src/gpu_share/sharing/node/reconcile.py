@@ -13,7 +13,6 @@ from dataclasses import dataclass, field, replace
 from gpu_share.errors import AllocationError
 from gpu_share.sharing.ids import count_by_device, parse_unit_ids
 from gpu_share.sharing.inventory import CORES_PER_DEVICE
-from gpu_share.sharing.ledger import EntrySource, EntryState, Ledger, LedgerEntry, PodKey
 from gpu_share.sharing.model import (
     ContainerKind,
     ContainerRef,
@@ -26,6 +25,7 @@ from gpu_share.sharing.model import (
     ResourceKind,
     ResourceNames,
 )
+from gpu_share.sharing.node.ledger import EntrySource, EntryState, Ledger, LedgerEntry, PodKey
 
 Held = PerKind[tuple[str, ...]]  # a container's ids per kind, sorted
 

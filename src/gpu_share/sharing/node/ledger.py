@@ -11,16 +11,21 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from gpu_share.sharing import ledger_codec as codec
 from gpu_share.sharing.inventory import Inventory
-from gpu_share.sharing.ledger_codec import (
+from gpu_share.sharing.model import (
+    ContainerKind,
+    ContainerRef,
+    ResourceKind,
+)
+from gpu_share.sharing.node import ledger_codec as codec
+from gpu_share.sharing.node.ledger_codec import (
     DUPLICATE_UNIT,
     MALFORMED,
     UNKNOWN_DEVICE,
     LedgerAnomaly,
     unknown_in,
 )
-from gpu_share.sharing.ledger_entry import (
+from gpu_share.sharing.node.ledger_entry import (
     LEDGER_VERSION,
     DeviceUsage,
     EntrySource,
@@ -28,12 +33,7 @@ from gpu_share.sharing.ledger_entry import (
     LedgerEntry,
     PodKey,
 )
-from gpu_share.sharing.ledger_usage import Accounts, pod_part
-from gpu_share.sharing.model import (
-    ContainerKind,
-    ContainerRef,
-    ResourceKind,
-)
+from gpu_share.sharing.node.ledger_usage import Accounts, pod_part
 
 __all__ = [
     "DUPLICATE_UNIT", "LEDGER_VERSION", "MALFORMED", "UNKNOWN_DEVICE", "DeviceUsage",

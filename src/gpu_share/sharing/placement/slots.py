@@ -1,4 +1,5 @@
-"""Value types of cluster-level placement (pure; no I/O).
+"""Value types of cluster-level placement (pure; no I/O): a node as device slots, a pod
+as demand, and the answer (a placement, or why nothing fits).
 
 A node is seen as its devices' free/total memory units and cores (what the node agent's
 inventory annotation reports), plus optional host CPU/memory (the trace replay checks
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from functools import cached_property
 
-from gpu_share.sharing.placement.models import ANY_MODEL, ModelReq
+from gpu_share.sharing.placement.gpu_models import ANY_MODEL, ModelReq
 
 # One device as the GPU-state key sees it: (memory_free, cores_free, memory_total,
 # cores_total). A node's GPU state is the sorted tuple of its healthy devices' keys;

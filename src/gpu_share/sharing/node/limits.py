@@ -17,8 +17,8 @@ from collections.abc import Iterable
 from gpu_share.config.model import EnforcementMode
 from gpu_share.devices.base import Device
 from gpu_share.errors import AllocationError, AllocationReason
-from gpu_share.sharing.ledger import LedgerEntry
 from gpu_share.sharing.model import DeviceShare
+from gpu_share.sharing.node.ledger import LedgerEntry
 
 # AllocationError reason: a container with cores but no memory units under an enforcing
 # mode, where it would get unlimited device memory (over-committing others' units).

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
-from gpu_share.sharing.ledger import PodKey
 from gpu_share.sharing.model import PodResourcesView, PodView, ResourceKind, ResourceNames
+from gpu_share.sharing.node.ledger import PodKey
 
 
 class PodViews:

@@ -1,7 +1,7 @@
 """The DRA plugin's checkpoint (``<pluginDir>/checkpoint.json``): the claims this node
 has prepared, each with its CDI spec, cache dir and shares, so that prepare answers again
 after a restart without the API server and a pool switched back to device-plugin mode
-knows what DRA left on the host (agent/dra_leftovers.py).
+knows what DRA left on the host (agent/dra/leftovers.py).
 
 Written atomically (0600). A file that cannot be read as ours is renamed aside
 (``checkpoint.json.corrupt-<time>``) with an error log line, and the reader starts with
@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpu_share.agent.dra_ports import PreparedDevice
+from gpu_share.agent.dra.ports import PreparedDevice
 from gpu_share.agent.files import write_atomic
 from gpu_share.errors import InputError
-from gpu_share.sharing.dra_claims import CLAIM_UID
+from gpu_share.sharing.dra.claims import CLAIM_UID
 from gpu_share.sharing.model import DeviceShare
 
 log = logging.getLogger(__name__)

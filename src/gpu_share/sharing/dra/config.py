@@ -13,7 +13,7 @@ from fractions import Fraction
 from typing import Any, TypeVar
 
 from gpu_share.config.model import EnforcementMode
-from gpu_share.sharing.dra_reading import (
+from gpu_share.sharing.dra.reading import (
     ClaimError,
     ClaimReason,
     read_items,
@@ -21,7 +21,7 @@ from gpu_share.sharing.dra_reading import (
     read_text,
     shown,
 )
-from gpu_share.sharing.limits import STRENGTH
+from gpu_share.sharing.node.limits import STRENGTH
 from gpu_share.sharing.quantity import MIB, QuantityError, parse_quantity
 
 SLICE_CONFIG_KIND = "SliceConfig"
@@ -46,7 +46,7 @@ class ClaimConfig:
 
     enforcement: EnforcementMode | None = None  # None: the pool's
     # The mode the admin's configs alone name: the floor a tenant's config may not go
-    # below (``dra_claims.enforcement_for``).
+    # below (``claims.enforcement_for``).
     class_enforcement: EnforcementMode | None = None
     memory_limit: Fraction | None = None  # bytes; None: what the claim claims
 

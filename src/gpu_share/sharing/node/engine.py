@@ -21,18 +21,8 @@ from typing import Literal
 
 from gpu_share.config.model import PlacementPolicyName
 from gpu_share.errors import AllocationError, AllocationReason, IdentityError
-from gpu_share.sharing import choose, identity, reconcile
 from gpu_share.sharing.decision import DecisionError, decision_key, under_any_key, verify
-from gpu_share.sharing.degraded import BlindChoice, BlindPairing
 from gpu_share.sharing.inventory import Inventory
-from gpu_share.sharing.ledger import (
-    DeviceUsage,
-    EntrySource,
-    EntryState,
-    Ledger,
-    LedgerEntry,
-    PodKey,
-)
 from gpu_share.sharing.model import (
     AdvertisedDevice,
     ContainerRef,
@@ -43,17 +33,27 @@ from gpu_share.sharing.model import (
     ResourceKind,
     ResourceNames,
 )
-from gpu_share.sharing.notes import Note, NoteKind
-from gpu_share.sharing.pick import pick_ids
-from gpu_share.sharing.policy import PlacementPolicy, get_policy
-from gpu_share.sharing.results import Allocation, CallContext, Preferred, ReconcileResult
-from gpu_share.sharing.validate import (
+from gpu_share.sharing.node import choose, identity, reconcile
+from gpu_share.sharing.node.degraded import BlindChoice, BlindPairing
+from gpu_share.sharing.node.device_policy import PlacementPolicy, get_policy
+from gpu_share.sharing.node.ledger import (
+    DeviceUsage,
+    EntrySource,
+    EntryState,
+    Ledger,
+    LedgerEntry,
+    PodKey,
+)
+from gpu_share.sharing.node.notes import Note, NoteKind
+from gpu_share.sharing.node.pick import pick_ids
+from gpu_share.sharing.node.results import Allocation, CallContext, Preferred, ReconcileResult
+from gpu_share.sharing.node.validate import (
     check_allocate,
     check_allocated,
     check_preferred,
     check_request,
 )
-from gpu_share.sharing.views import PodViews
+from gpu_share.sharing.node.views import PodViews
 
 __all__ = [
     "Allocation",

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gpu_share.sharing.ledger import EntrySource, LedgerEntry, PodKey
 from gpu_share.sharing.model import ContainerRef, PodResourcesView, PodView
-from gpu_share.sharing.notes import Note
+from gpu_share.sharing.node.ledger import EntrySource, LedgerEntry, PodKey
+from gpu_share.sharing.node.notes import Note
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from gpu_share.errors import AllocationError
 from gpu_share.errors import AllocationReason as R
 from gpu_share.sharing.ids import Listed, UnitId, count_by_device, device_of, parse_unit_ids
 from gpu_share.sharing.inventory import CORES_PER_DEVICE, Inventory
-from gpu_share.sharing.ledger import Ledger, LedgerEntry
 from gpu_share.sharing.model import ContainerRef, ContainerRequest, ResourceKind
+from gpu_share.sharing.node.ledger import Ledger, LedgerEntry
 
 
 def check_request(req: ContainerRequest, ref: ContainerRef | None, who: str) -> None:

@@ -1,4 +1,4 @@
-"""The CDI spec of a prepared DRA claim (``agent/dra_claims.py`` writes it): its file and
+"""The CDI spec of a prepared DRA claim (``agent/dra/claims.py`` writes it): its file and
 device names, and the runtime response as the spec's containerEdits. Pure."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 from gpu_share.devices.base import Device
 from gpu_share.sharing.cdi import ENV_CDI_DEVICE_PREFIX, cdi_version, hook_doc
-from gpu_share.sharing.dra_claims import ParsedClaim
+from gpu_share.sharing.dra.claims import ParsedClaim
 from gpu_share.sharing.model import AllocateSpec
 
 

@@ -14,18 +14,18 @@ from typing import Any, TypeVar
 from gpu_share.errors import AllocationError, LedgerError
 from gpu_share.sharing.ids import parse_unit_ids, valid_uuid
 from gpu_share.sharing.inventory import Inventory
-from gpu_share.sharing.ledger_entry import (
-    LEDGER_VERSION,
-    EntrySource,
-    LedgerEntry,
-    PodKey,
-)
 from gpu_share.sharing.model import (
     ContainerKind,
     ContainerRef,
     ContainerRequest,
     DeviceShare,
     ResourceKind,
+)
+from gpu_share.sharing.node.ledger_entry import (
+    LEDGER_VERSION,
+    EntrySource,
+    LedgerEntry,
+    PodKey,
 )
 
 MALFORMED = "LedgerMalformed"  # not JSON, wrong version, wrong types, non-canonical ids

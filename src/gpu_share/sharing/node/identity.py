@@ -21,7 +21,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from gpu_share.sharing.ledger import Ledger, LedgerEntry, PodKey
 from gpu_share.sharing.model import (
     ContainerView,
     PodResourcesPod,
@@ -30,6 +29,7 @@ from gpu_share.sharing.model import (
     ResourceKind,
     ResourceNames,
 )
+from gpu_share.sharing.node.ledger import Ledger, LedgerEntry, PodKey
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from gpu_share.sharing.ids import parse_unit_ids
-from gpu_share.sharing.ledger import Ledger, LedgerEntry, PodKey
 from gpu_share.sharing.model import ContainerRef, PodResourcesView, ResourceKind
-from gpu_share.sharing.policy import DeviceState, PlacementPolicy
+from gpu_share.sharing.node.device_policy import DeviceState, PlacementPolicy
+from gpu_share.sharing.node.ledger import Ledger, LedgerEntry, PodKey
 
 
 class BlindChoice:

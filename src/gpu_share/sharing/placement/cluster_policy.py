@@ -38,7 +38,7 @@ from gpu_share.sharing.placement.fragmentation import (
     is_whole_free,
     whole_count,
 )
-from gpu_share.sharing.placement.model import MILLI, DevKey, StateKey
+from gpu_share.sharing.placement.slots import MILLI, DevKey, StateKey
 
 Score = tuple[float, ...]
 # (memory_units, cores) per container

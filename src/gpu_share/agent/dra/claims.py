@@ -1,8 +1,8 @@
 """The agent's side of DRA's NodePrepareResources / NodeUnprepareResources:
-``DraClaimPreparer`` implements ``agent.dra_ports.ClaimPreparer``.
+``DraClaimPreparer`` implements ``agent.dra.ports.ClaimPreparer``.
 
 Prepare, per claim: read it (one GET), check that it is the claim the kubelet means
-(uid), read our devices and shares in it (``sharing.dra_claims``), build the runtime
+(uid), read our devices and shares in it (``sharing.dra.claims``), build the runtime
 response with the device-plugin mode's builder (``agent.response.build``) and write it as
 one CDI spec for the claim (atomic, 0644, ``<cdiDir>/<driver>-claim_<uid>.json``), then
 record the answer in the checkpoint (``<pluginDir>/checkpoint.json``, atomic).
@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gpu_share.agent.cdi import SPEC_MODE
-from gpu_share.agent.dra_checkpoint import CHECKPOINT_FILE, Checkpoint, PreparedClaim, json_bytes
-from gpu_share.agent.dra_ports import ClaimRef, PreparedDevice, PrepareResult
+from gpu_share.agent.dra.checkpoint import CHECKPOINT_FILE, Checkpoint, PreparedClaim, json_bytes
+from gpu_share.agent.dra.ports import ClaimRef, PreparedDevice, PrepareResult
 from gpu_share.agent.enforcement import EnforcementStatus
 from gpu_share.agent.enforcement import check as check_enforcement
 from gpu_share.agent.files import write_atomic
@@ -48,8 +48,8 @@ from gpu_share.devices.base import Device, RuntimeNaming
 from gpu_share.errors import GpuShareError, KubeAccessError
 from gpu_share.kube.resourceclaims import ClaimNotFoundError
 from gpu_share.sharing.cdi import uses_cdi
-from gpu_share.sharing.dra_cdi import claim_cdi_device_id, claim_cdi_spec, claim_spec_file_name
-from gpu_share.sharing.dra_claims import (
+from gpu_share.sharing.dra.cdi import claim_cdi_device_id, claim_cdi_spec, claim_spec_file_name
+from gpu_share.sharing.dra.claims import (
     CLAIM_UID,
     ParsedClaim,
     enforcement_for,
@@ -57,10 +57,10 @@ from gpu_share.sharing.dra_claims import (
     over_capacity,
     parse_claim,
 )
-from gpu_share.sharing.dra_reading import ClaimError, ClaimReason
+from gpu_share.sharing.dra.reading import ClaimError, ClaimReason
 from gpu_share.sharing.inventory import Inventory
-from gpu_share.sharing.ledger import EntrySource, LedgerEntry
 from gpu_share.sharing.model import AllocateSpec, ContainerRef, DeviceShare
+from gpu_share.sharing.node.ledger import EntrySource, LedgerEntry
 
 log = logging.getLogger(__name__)
 

@@ -12,12 +12,12 @@ from dataclasses import replace
 
 from gpu_share.errors import AllocationError
 from gpu_share.errors import AllocationReason as R
-from gpu_share.sharing.freeview import FreeView
 from gpu_share.sharing.ids import parse_unit_ids
 from gpu_share.sharing.inventory import CORES_PER_DEVICE, DeviceCapacity, Inventory
-from gpu_share.sharing.ledger import Ledger, LedgerEntry
 from gpu_share.sharing.model import DeviceShare, ResourceKind
-from gpu_share.sharing.policy import DeviceState, PlacementPolicy, choose_whole_devices
+from gpu_share.sharing.node.device_policy import DeviceState, PlacementPolicy, choose_whole_devices
+from gpu_share.sharing.node.freeview import FreeView
+from gpu_share.sharing.node.ledger import Ledger, LedgerEntry
 
 
 def _err(e: LedgerEntry, reason: R, msg: str) -> AllocationError:

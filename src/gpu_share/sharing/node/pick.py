@@ -7,8 +7,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from gpu_share.errors import AllocationError
 from gpu_share.errors import AllocationReason as R
 from gpu_share.sharing.ids import Listed, device_of, group_by_device, parse_unit_ids
-from gpu_share.sharing.ledger import LedgerEntry
 from gpu_share.sharing.model import ResourceKind
+from gpu_share.sharing.node.ledger import LedgerEntry
 
 
 def _err(e: LedgerEntry, reason: R, msg: str) -> AllocationError:

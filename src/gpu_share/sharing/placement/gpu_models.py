@@ -2,7 +2,7 @@
 
 A pod may accept only some device models (the trace's ``gpu_spec``; in the product a
 nodeSelector or node affinity on the node's GPU-product label, or the pod's models
-annotation, see ``sharing/model_req.py``). ``ModelReq`` is that predicate: an OR of
+annotation, see ``sharing/placement/pod_models.py``). ``ModelReq`` is that predicate: an OR of
 terms, each an optional allow-list and a deny-list (what node affinity can say about one
 label). Model names are compared in label form (``label_form``).
 
