@@ -1,4 +1,4 @@
-"""DRA on the real kube-scheduler vs the extender, on one sampled openb stream (#13.5).
+"""DRA on the real kube-scheduler vs the extender, on one sampled openb stream.
 
     python -m bench.dra_placement --nodes 60 --pods 400 --seed 42
 

@@ -15,7 +15,7 @@ processes on 127.0.0.1 and reads their ``Threads`` and ``VmRSS`` from ``/proc``:
    ``--slow-interval`` seconds, reopened (head again) whenever the server closes them; once
    without and once with ``Expect: 100-continue``. Meanwhile a fresh client times
    ``/healthz`` every second for ``--slow-seconds``: a kubelet probe has 1 s.
-After each step it also times one normal request. Issue 11 figures (before): 300 idle
+After each step it also times one normal request. Figures before the bounds: 300 idle
 connections held 309 threads; 400 half-sent requests 417; 8 stalled 60 MiB uploads took
 RSS from 32 to 273 MiB.
 """

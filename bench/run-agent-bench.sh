@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The agent benchmark (issue #7): prints the gpu-share vs Go sample-plugin table.
+# The agent benchmark: prints the gpu-share vs Go sample-plugin table.
 #
 #   bench/run-agent-bench.sh            micro-benchmark + cluster benchmark (3 rounds A B)
 #   ROUNDS=1 PODS=10 ALLOCATIONS=100 bench/run-agent-bench.sh   a quicker pass

@@ -1,2 +1,2 @@
-"""Cluster-scale benchmark on the real kube-scheduler with kwok nodes (issue #15):
+"""Cluster-scale benchmark on the real kube-scheduler with kwok nodes:
 ``python -m bench.scale --nodes 1213`` (docs/scale.md)."""

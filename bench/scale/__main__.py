@@ -1,4 +1,4 @@
-"""Cluster scale on the real kube-scheduler with kwok nodes (issue #15, docs/scale.md).
+"""Cluster scale on the real kube-scheduler with kwok nodes.
 
     python -m bench.scale --nodes 1213 --rates 0,40 --paths base,extender,dra
 

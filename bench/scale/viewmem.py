@@ -1,5 +1,5 @@
-"""The extender's cluster view at a given size, live (issue #15: "measure its memory at
-5,000 nodes and 50,000 pods"; docs/scale.md).
+"""The extender's cluster view at a given size, live: its memory at
+5,000 nodes and 50,000 pods (docs/scale.md).
 
     python -m bench.scale.viewmem --nodes 5000 --pods 50000
 

@@ -92,7 +92,7 @@ def test_device_list_over_1mib_is_refused_with_a_unit_suggestion(workdir: Path) 
     assert "memoryUnitMiB" in out, out
 
 
-# ---------------------------------------------------------------- lifecycle (issue 11)
+# ---------------------------------------------------------------- lifecycle
 # SIGTERM ends the agent within 5 s in every state (the chart grants 30 s), after telling
 # the kubelet every device is going; one agent per state dir; a socket the OS refuses
 # names its cause.

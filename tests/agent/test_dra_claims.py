@@ -1,4 +1,4 @@
-"""The agent's ClaimPreparer (agent/dra/claims.py, DRA mode #13): the CDI spec per claim
+"""The agent's ClaimPreparer (agent/dra/claims.py, DRA mode): the CDI spec per claim
 from the device-plugin response builder, idempotent prepare (also after a restart, with
 no second API read), unprepare by uid, a corrupt checkpoint set aside, concurrent calls."""
 

@@ -1,6 +1,6 @@
 """L2 over the real unix-socket gRPC servers of a whole agent: non-canonical unit ids
-are INVALID_ARGUMENT with a bounded message (issue 11, #3); offers no Allocate follows
-expire while PodResources is down (#12)."""
+are INVALID_ARGUMENT with a bounded message; offers no Allocate follows
+expire while PodResources is down."""
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def test_more_ids_than_advertised_units_are_refused(served: Served) -> None:
     assert f"this node advertises {len(ids)}" in (err.details() or "")
 
 
-# ---------------------------------------------------------------- offers (#12)
+# ---------------------------------------------------------------- offers
 @pytest.fixture
 def blind() -> Iterator[Served]:
     with served_agent(podresources=False) as s:  # PodResources unreachable

@@ -1,5 +1,5 @@
 """L2: the node agent (dummy backend) starting on a corrupt, inconsistent or unwritable
-ledger (issue 11, #2): it keeps running, quarantines what it cannot read (bounded), says
+ledger: it keeps running, quarantines what it cannot read (bounded), says
 so with a log line, a node Event and a metric, and rebuilds from PodResources."""
 
 from __future__ import annotations

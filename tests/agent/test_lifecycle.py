@@ -1,4 +1,4 @@
-"""Start/stop of the agent in-process (issue 11, items 5 and 6): a stop during a start
+"""Start/stop of the agent in-process: a stop during a start
 step that cannot be interrupted returns at once; one agent per state dir; an aborted
 start never writes the ledger."""
 

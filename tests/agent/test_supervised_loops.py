@@ -1,6 +1,6 @@
 """Background loops are supervised: a failing pass is logged (rate-limited), counted in
 ``gpu_share_loop_errors_total{loop}``, and the loop goes on; a loop that stops beating
-makes ``/healthz`` answer 503 naming it (issue 11, item 4)."""
+makes ``/healthz`` answer 503 naming it."""
 
 from __future__ import annotations
 

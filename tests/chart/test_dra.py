@@ -1,4 +1,4 @@
-"""DRA mode in the chart (#13): per pool agentConfig.dra.enabled; a DeviceClass per driver,
+"""DRA mode in the chart: per pool agentConfig.dra.enabled; a DeviceClass per driver,
 the ResourceSlice/ResourceClaim RBAC, the kubelet plugin dirs, the own-node policy over
 ResourceSlices. Nothing of it without a DRA pool."""
 

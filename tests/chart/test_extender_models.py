@@ -1,4 +1,4 @@
-"""The chart's extender settings for heterogeneous fleets (#14): the policy list mirrors
+"""The chart's extender settings for heterogeneous fleets: the policy list mirrors
 the code's, and the GPU-model label reaches the extender as a flag it accepts."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""monitoring.* (#17): the PrometheusRule and the Grafana dashboard ConfigMap, off by
+"""monitoring.*: the PrometheusRule and the Grafana dashboard ConfigMap, off by
 default, rendered on demand with helm 3 and helm 4. What the alerts do is tested by
 promtool (tests/observability/test_promtool.py)."""
 

@@ -1,5 +1,5 @@
 """What the chart does to keep the extender, the annotations and the slice limits out of
-tenants' reach (issue 11 items 1, 8, 9, 13): render checks with helm 3 and helm 4, and the
+tenants' reach: render checks with helm 3 and helm 4, and the
 generated certificates tried in a real TLS handshake over loopback."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The DRA admission webhook in the chart (webhook.*, #13): off by default, only with a DRA
+"""The DRA admission webhook in the chart (webhook.*): off by default, only with a DRA
 pool, exactly WEBHOOK_RULES, the agents' unit/names/driver as its flags (parsed by
 gpu-share-webhook itself), the webhook configuration the design asks for, a generated
 certificate that the webhook's own TLS context serves to a client trusting the caBundle,

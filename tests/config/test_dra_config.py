@@ -1,4 +1,4 @@
-"""The ``dra`` section of the agent config (DRA driver mode, #13)."""
+"""The ``dra`` section of the agent config (DRA driver mode)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """``gpu-share config validate`` and the agent reach the same verdict, with one message.
 
 The agent's side is what ``gpu-share-plugin`` runs before serving: ``load_config`` (its
-``main``), then ``_guard_sizes`` on the started backend's devices (its ``run``). The
-issue's five cases (#10) were each accepted by validate and refused (or mishandled) by
-the agent; each is now refused by both, with the same key, kind and text.
+``main``), then ``_guard_sizes`` on the started backend's devices (its ``run``). Five
+cases were once accepted by validate and refused (or mishandled) by the agent; each is
+now refused by both, with the same key, kind and text.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The dummy fault file is operator- (and test-) written input: whatever it holds, the
 health poll raises nothing, keeps the last good state, and applies the file once it is
-fixed (issue 11, item 4: a deeply nested array used to raise RecursionError)."""
+fixed (a deeply nested array once raised RecursionError)."""
 
 from __future__ import annotations
 

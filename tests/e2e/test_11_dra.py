@@ -1,4 +1,4 @@
-"""Story 11: the DRA driver mode (#13) on the real kubelet, scheduler and controller-manager.
+"""Story 11: the DRA driver mode on the real kubelet, scheduler and controller-manager.
 
 The local pool is switched (helm upgrade with a pool values file, as in story 10) to
 ``agentConfig.dra.enabled`` with the cluster's kubelet plugin dirs (its --root-dir is below

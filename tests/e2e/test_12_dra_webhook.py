@@ -1,4 +1,4 @@
-"""Story 12: the DRA admission webhook (#13) from the chart, on the real API server.
+"""Story 12: the DRA admission webhook from the chart, on the real API server.
 
 The local pool is switched to DRA mode (as in story 11) and ``webhook.enabled`` is set.
 The local cluster has no kube-proxy (the API server cannot reach a Service's ClusterIP),

@@ -24,7 +24,7 @@ pod's host ports).
     rolls the scheduler and the agent; a pod running before keeps its uid, its restart
     count and its device ids; a new pod lands with a decision signed by the new key (and
     not by the old one), which the agent follows;
-13d GPU-model requirements (issue #14) in the pod's ``gpu-share.<domain>/models``
+13d GPU-model requirements in the pod's ``gpu-share.<domain>/models``
     annotation: a pod accepting the node's model (the dummy backend's ``Dummy NPU``, in
     label form ``Dummy-NPU``, among others) runs on the extender's device; a pod accepting
     only models the node lacks stays Pending with the extender's model reason.

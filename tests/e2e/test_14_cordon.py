@@ -1,4 +1,4 @@
-"""Story 14 (#17 part 1, cordon): an admin cordons one GPU with `kubectl gpu-share cordon`
+"""Story 14: an admin cordons one GPU with `kubectl gpu-share cordon`
 (maintenance, a flaky device). The agent honours it within seconds: the device's units
 leave the node's allocatable, the inventory says cordoned, an Event on the node names who
 and why. The slice already running there keeps running; new pods land only on devices not

@@ -227,7 +227,7 @@ def test_unparseable_host_quantity_is_a_bad_request(served: Any) -> None:
     )
 
 
-# -- malformed requests (issue 11, item 1): 400 with a short reason, never 500 ----------
+# -- malformed requests: 400 with a short reason, never 500 ----------
 
 def raw_exchange(url: str, data: bytes, timeout: float = 10) -> tuple[int, dict[str, str], bytes]:
     """Send raw bytes; one answer (status, lower-cased headers, body)."""

@@ -1,7 +1,7 @@
 """Hypothesis against a real extender on 127.0.0.1 (fake view and binder): whatever the
 body, /filter, /prioritize and /bind answer a well-formed JSON response, never 5xx, and an
-error's reason is short (issue 11, item 1 and the fuzzing scenario); each request is
-counted once in the extender's metrics, a refused one as refused (#17)."""
+error's reason is short; each request is
+counted once in the extender's metrics, a refused one as refused."""
 
 from __future__ import annotations
 

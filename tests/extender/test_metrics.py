@@ -1,4 +1,4 @@
-"""The extender's own metrics (#17 part 2): every scheduler request counted by verb and
+"""The extender's own metrics: every scheduler request counted by verb and
 outcome and timed, filter and bind results, the cluster view's counts; served on a
 separate read-only listener (the agent's bounded /metrics server), never on the
 scheduler's API port."""

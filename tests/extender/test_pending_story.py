@@ -1,4 +1,4 @@
-"""Story (issue #6) on the real node: with the extender, a pod that no single device can
+"""Story on the real node: with the extender, a pod that no single device can
 hold stays Pending with a clear reason instead of failing admission at the kubelet; pods
 that fit run on the device the extender chose (signed decision followed by the agent).
 

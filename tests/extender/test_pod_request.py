@@ -1,5 +1,5 @@
 """``sharing.placement.pod_request``: the one pod-request parser of the agent (kube/pods), the
-extender (core) and its cluster view (issue 16). Pure; tenant input."""
+extender (core) and its cluster view. Pure; tenant input."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Only the scheduler can call the extender (issue 11, item 1): loopback by default,
+"""Only the scheduler can call the extender: loopback by default,
 mutual TLS otherwise, real HTTPS on 127.0.0.1 with certificates made for the test."""
 
 from __future__ import annotations

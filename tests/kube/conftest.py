@@ -204,7 +204,7 @@ def apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
                         f"--service-account-signing-key-file={pki / 'sa.key'}",
                         "--api-audiences=https://kubernetes.default.svc.cluster.local",
                         "--authorization-mode=Node,RBAC",
-                        # DRA mode (#13): consumable capacity is alpha in 1.34.
+                        # DRA mode: consumable capacity is alpha in 1.34.
                         "--feature-gates=DRAConsumableCapacity=true",
                         "--enable-priority-and-fairness=false",
                         "--profiling=false",

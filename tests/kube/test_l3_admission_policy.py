@@ -1,7 +1,7 @@
 """L3: the chart's ValidatingAdmissionPolicies, as `helm template` renders them, applied to
 a real kube-apiserver + etcd (conftest.py) and tried with real service-account tokens.
 
-Issue 11 item 9: a tenant cannot create a pod that requests vendor.com resources and sets
+A tenant cannot create a pod that requests vendor.com resources and sets
 env that carries or lifts its limits (any container kind, ephemeral ones added later
 included; envFrom only with a safe prefix; no cores-only container under mps), and can
 when the pod requests none of our resources. Item 8: nobody but the agent's and the

@@ -1,4 +1,4 @@
-"""L3: DRA claims (#13) against a real kube-apiserver + etcd (conftest.py, with the
+"""L3: DRA claims against a real kube-apiserver + etcd (conftest.py, with the
 DRAConsumableCapacity gate on): a DeviceClass and ResourceClaims created, their
 status.allocation written through the status subresource as kube-scheduler does
 (consumedCapacity and shareID for shares of a device), then read with

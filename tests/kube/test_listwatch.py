@@ -1,6 +1,6 @@
 """``kube.listwatch.ListWatch`` on a fake API (two callables, no network): events in
 order, relist on 410, the watch closed on every exit, bounded jittered backoff, resync,
-a prompt stop, heartbeats (issue 16)."""
+a prompt stop, heartbeats."""
 
 from __future__ import annotations
 

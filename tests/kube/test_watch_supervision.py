@@ -1,8 +1,8 @@
-"""The pod and cluster-view watches run supervised (issue 11, item 4): a line the parser
+"""The pod and cluster-view watches run supervised: a line the parser
 chokes on (a deeply nested array: RecursionError) or any other failure is counted per
 loop, the watch relists after a pause and goes on; the loops beat their heartbeats.
 
-Both run on ``kube.listwatch.ListWatch`` (issue 16), which pauses itself and reports a
+Both run on ``kube.listwatch.ListWatch``, which pauses itself and reports a
 failure to its owner's ``on_error`` (the supervisor's hook signature); the supervisor
 keeps the heartbeats."""
 

@@ -98,7 +98,7 @@ def test_heartbeat() -> None:
     assert beat.alive()
 
 
-# -- the bounded server (issue 11, items 1 and 7), over real sockets on 127.0.0.1 -------
+# -- the bounded server, over real sockets on 127.0.0.1 -------
 
 class Echo(BoundedHandler):
     def do_GET(self) -> None:

@@ -1,4 +1,4 @@
-"""promtool (hack/build-promtool.sh, from the Prometheus Go module) on what we ship (#17):
+"""promtool (hack/build-promtool.sh, from the Prometheus Go module) on what we ship:
 `promtool check metrics` on live /metrics scrapes of the agent and of the extender (its
 separate metrics listener); the chart's PrometheusRule through `promtool check rules` and
 the unit tests of every alert in tests/observability/rules/*.yaml (`promtool test

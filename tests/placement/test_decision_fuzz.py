@@ -1,4 +1,4 @@
-"""Decision verification never raises anything but DecisionError (issue 11, item 11).
+"""Decision verification never raises anything but DecisionError.
 
 The decision annotation is tenant-writable until the admission policy is in place, and the
 agent verifies it inside Allocate: a TypeError there was an INTERNAL for that pod.

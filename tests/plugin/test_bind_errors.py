@@ -1,4 +1,4 @@
-"""Serving a device-plugin socket (issue 11, items 5, 6 and 14), over real unix sockets:
+"""Serving a device-plugin socket, over real unix sockets:
 a path the OS cannot bind names its cause; a live server's socket is never taken over;
 a stale one is replaced; a stopping server first sends every device unhealthy."""
 

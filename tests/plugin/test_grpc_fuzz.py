@@ -3,7 +3,7 @@ sockets (dummy backend, PodResources up and empty, so every call is a degraded o
 arbitrary ids (unicode, huge, empty, duplicates, the other resource's), sizes and
 must_include lists to GetPreferredAllocation and Allocate. Never INTERNAL/UNKNOWN, the
 status message stays small, the ledger never holds a unit twice nor a device over its
-capacity (issue 11, fuzzing of the gRPC surface)."""
+capacity."""
 
 from __future__ import annotations
 

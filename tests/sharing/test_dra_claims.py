@@ -1,5 +1,5 @@
 """A ResourceClaim's allocation read as our device shares (sharing/dra/claims.py, DRA
-mode #13): shares, whole devices, the opaque SliceConfig, and every refusal typed and
+mode): shares, whole devices, the opaque SliceConfig, and every refusal typed and
 bounded. Hypothesis: arbitrary JSON never raises anything but ClaimError."""
 
 from __future__ import annotations

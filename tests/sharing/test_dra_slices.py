@@ -1,4 +1,4 @@
-"""The node's ResourceSlice body (#13 DRA contract), built from the inventory."""
+"""The node's ResourceSlice body (the DRA contract), built from the inventory."""
 
 from __future__ import annotations
 

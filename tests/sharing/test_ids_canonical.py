@@ -1,4 +1,4 @@
-"""Unit ids: only the exact ASCII form the agent advertises is accepted (issue 11, #3)."""
+"""Unit ids: only the exact ASCII form the agent advertises is accepted."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The ledger loader: anything but what ``to_json`` wrote raises ``LedgerError`` and
-nothing else; what cannot be true on this node is reported (issue 11, #2)."""
+nothing else; what cannot be true on this node is reported."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Offers (GetPreferredAllocation answers) that no Allocate follows expire after
-``offer_ttl_s``, also while PodResources is unreachable (issue 11, #12)."""
+``offer_ttl_s``, also while PodResources is unreachable."""
 
 from __future__ import annotations
 
