@@ -259,6 +259,14 @@ def raw_exchange(url: str, data: bytes, timeout: float = 10) -> tuple[int, dict[
          "Pod.spec.containers[0].resources.limits: must be an object, got list"),
         (b'{"Pod": {"spec": {"containers": [{"resources": {"limits": {"cpu": "1e999999999"}}}]}}}',
          "Pod.spec.containers[0].resources.limits['cpu']: not a quantity: '1e999999999'"),
+        # The one quantity grammar (sharing/quantity.py): "ni" is no suffix, digits are
+        # ASCII, an exponent is bounded.
+        (b'{"Pod": {"spec": {"containers": [{"resources": {"limits": {"cpu": "1ni"}}}]}}}',
+         "Pod.spec.containers[0].resources.limits['cpu']: not a quantity: '1ni'"),
+        ('{"Pod": {"spec": {"containers": [{"resources": {"limits": {"cpu": "\u0663"}}}]}}}'
+         .encode(), "Pod.spec.containers[0].resources.limits['cpu']: not a quantity"),
+        (b'{"Pod": {"spec": {"containers": [{"resources": {"limits": {"cpu": "1e41"}}}]}}}',
+         "Pod.spec.containers[0].resources.limits['cpu']: not a quantity: '1e41'"),
         (b'{"Pod": {"metadata": {"uid": 7}}}', "Pod.metadata.uid: must be a string, got int"),
         (b'{"Pod": {"metadata": []}}', "Pod.metadata: must be an object, got list"),
         (b"[]", "body: must be an object, got list"),
