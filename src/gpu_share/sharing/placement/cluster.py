@@ -32,6 +32,7 @@ from gpu_share.sharing.placement.evaluate import (
     pod_shape,
     realise,
 )
+from gpu_share.sharing.placement.memo import BoundedMemo
 from gpu_share.sharing.placement.slots import (
     NodeSlots,
     NoFit,
@@ -111,11 +112,11 @@ class ClusterIndex:
         self._groups: dict[int, list[str]] = {}
         self._node_sid: dict[str, int] = {}
         self._shape_id: dict[DemandShape, int] = {}
-        self._memo: dict[tuple[int, int], StateEval | None] = {}
+        self._memo: BoundedMemo[tuple[int, int], StateEval | None] = BoundedMemo()
         self._before: dict[str, float] = {}  # fgd potential of each node as it is
         self._model_free: dict[str, float] = {}  # free GPU-milli per device model
         # dotprod/clustering: plan parts shared by the nodes of a state, per (state, shape)
-        self._parts: dict[tuple[int, int], StateParts] = {}
+        self._parts: BoundedMemo[tuple[int, int], StateParts] = BoundedMemo()
         # False: score those two plan by plan as the extender does (tests compare both)
         self.shared_parts = not policy.host_aware
         for n in nodes:
@@ -161,9 +162,8 @@ class ClusterIndex:
         key = (sid, shape_id)
         if key in self._memo:
             return self._memo[key]
-        ev = self.policy.evaluate(self._states[sid], shape)
-        self._memo[key] = ev
-        return ev
+        return self._memo.put(key, self.policy.evaluate(self._states[sid], shape),
+                              self.policy.memo_limit)
 
     def choose(self, pod: PodDemand) -> Placement | None:
         shape = pod_shape(pod)
@@ -255,9 +255,8 @@ class ClusterIndex:
         key = (sid, shape_id)
         got = self._parts.get(key)
         if got is None:
-            if len(self._parts) >= self.policy.memo_limit:
-                self._parts.clear()
-            got = self._parts[key] = state_parts(self._states[sid], plans)
+            got = self._parts.put(key, state_parts(self._states[sid], plans),
+                                  self.policy.memo_limit)
         return got
 
     def _parts_eval(

@@ -38,6 +38,7 @@ from gpu_share.sharing.placement.fragmentation import (
     is_whole_free,
     whole_count,
 )
+from gpu_share.sharing.placement.memo import BoundedMemo
 from gpu_share.sharing.placement.slots import MILLI, DevKey, StateKey
 
 Score = tuple[float, ...]
@@ -171,8 +172,8 @@ class ClusterPolicy:
             ClusterPolicyName.DOTPROD: _best_fit,  # devices inside the node: best fit
             ClusterPolicyName.CLUSTERING: _best_fit,
         }[self.name]
-        self._plans: dict[tuple[StateKey, DemandShape], tuple[Plan, ...]] = {}
-        self._memo: dict[tuple[StateKey, DemandShape], StateEval | None] = {}
+        self._plans: BoundedMemo[tuple[StateKey, DemandShape], tuple[Plan, ...]] = BoundedMemo()
+        self._memo: BoundedMemo[tuple[StateKey, DemandShape], StateEval | None] = BoundedMemo()
         self.memo_limit = 400_000
 
     def _fgd_gpu(self, before: StateKey, after: StateKey, step: Step) -> Score:
@@ -187,9 +188,7 @@ class ClusterPolicy:
         got = self._plans.get(key)
         if got is None:
             got = self._make_plans(state, demand)
-            if len(self._plans) >= self.memo_limit:
-                self._plans.clear()
-            self._plans[key] = got
+            self._plans.put(key, got, self.memo_limit)
         return got
 
     def _make_plans(self, state: StateKey, demand: DemandShape) -> tuple[Plan, ...]:
@@ -323,9 +322,7 @@ class ClusterPolicy:
             if best is None or sc < best.score:
                 best = StateEval(sc, plan.after, plan.steps)
         if not self.per_node:
-            if len(self._memo) >= self.memo_limit:
-                self._memo.clear()
-            self._memo[key] = best
+            self._memo.put(key, best, self.memo_limit)
         return best
 
 

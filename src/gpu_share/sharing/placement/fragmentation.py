@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gpu_share.sharing.placement.gpu_models import ANY_MODEL, ModelPressure, ModelReq
+from gpu_share.sharing.placement.memo import BoundedMemo
 from gpu_share.sharing.placement.prices import SharePrices, grid, share_prices
 from gpu_share.sharing.placement.slots import MILLI, DevKey, StateKey
 
@@ -108,12 +109,12 @@ class Workload:
         self.gpu_shapes: tuple[tuple[int, int], ...] = tuple(sorted(gpu))
         self._by_gpu: tuple[tuple[Shape, ...], ...] = tuple(tuple(gpu[g]) for g in self.gpu_shapes)
         self._all_host: tuple[float, ...] = tuple(sum(s.weight for s in g) for g in self._by_gpu)
-        self._usable: dict[StateKey, tuple[float, tuple[float, ...]]] = {}
+        self._usable: BoundedMemo[StateKey, tuple[float, tuple[float, ...]]] = BoundedMemo()
         self._host: dict[tuple[int, int], tuple[float, ...]] = {}
-        self._frag: dict[tuple[StateKey, int, int], float] = {}
+        self._frag: BoundedMemo[tuple[StateKey, int, int], float] = BoundedMemo()
         self._ratio: dict[tuple[int, int], tuple[float, float]] = {}
         self._prices: dict[tuple[int, int], SharePrices] = {}
-        self._loss: dict[tuple[DevKey, int, int], float] = {}
+        self._loss: BoundedMemo[tuple[DevKey, int, int], float] = BoundedMemo()
         self._cpus = sorted({s.cpu for s in self.shapes})
         self._mems = sorted({s.host_memory for s in self.shapes})
         self.memo_limit = 200_000
@@ -161,9 +162,7 @@ class Workload:
                 total = sum(amount(d) for d in state)
                 frags = (self._gpu_fragment(state, m, c) for m, c in self.gpu_shapes)
                 v = (total, tuple(total - f for f in frags))
-            if len(self._usable) >= self.memo_limit:
-                self._usable.clear()  # bounded memory; values are cheap to recompute
-            self._usable[state] = v
+            self._usable.put(state, v, self.memo_limit)
         return v
 
     def host_weights(self, cpu_free: int | None, memory_free: int | None) -> tuple[float, ...]:
@@ -257,9 +256,7 @@ class Workload:
             if not whole_count(memory_units, cores, dev[3]):
                 size = amount((memory_units, cores, dev[2], dev[3]))
                 got = self.prices(dev).loss(amount(dev), size)
-            if len(self._loss) >= self.memo_limit:
-                self._loss.clear()
-            self._loss[key] = got
+            self._loss.put(key, got, self.memo_limit)
         return got
 
     def stranded(self, state: StateKey, cpu_free: int | None, memory_free: int | None) -> float:
@@ -295,7 +292,5 @@ class Workload:
             total, usable = self.usable(state)
             weights = self.host_weights(cpu_free, memory_free)
             v = total - sum(u * w for u, w in zip(usable, weights, strict=True))
-            if len(self._frag) >= self.memo_limit:
-                self._frag.clear()
-            self._frag[key] = v
+            self._frag.put(key, v, self.memo_limit)
         return v

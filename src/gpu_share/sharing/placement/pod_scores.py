@@ -13,6 +13,7 @@ from gpu_share.sharing.placement.evaluate import (
     node_key,
     pod_shape,
 )
+from gpu_share.sharing.placement.memo import BoundedMemo
 from gpu_share.sharing.placement.slots import NodeSlots, NoFit, PodDemand, StateKey
 
 
@@ -31,13 +32,13 @@ class PodScores:
         self.pod = pod
         self.prices: dict[str, float] = dict(prices or {})
         self._shape = pod_shape(pod)
-        self._memo: dict[Hashable, Score | NoFit] = {}
+        self._memo: BoundedMemo[Hashable, Score | NoFit] = BoundedMemo()
         # Per GPU state: its plans for the pod, or why no device set fits (the reason
         # reads healthy devices only, which the state holds; ``of`` puts the asker's
         # name on it). Nodes that differ only in host values, model or held requests
         # share it: a new shape costs one plan enumeration per state, then a host check
         # and a look-up per node key, and no new object per key that does not fit.
-        self._by_state: dict[StateKey, tuple[Plan, ...] | NoFit] = {}
+        self._by_state: BoundedMemo[StateKey, tuple[Plan, ...] | NoFit] = BoundedMemo()
 
     def of(self, node: NodeSlots, key: Hashable | None = None) -> Score | NoFit:
         """``key``: ``node_key(node)`` when the caller keeps it."""
@@ -45,9 +46,7 @@ class PodScores:
         got = self._memo.get(k)
         if got is None:
             got = self._compute(node)
-            if len(self._memo) >= self.memo_limit:
-                self._memo.clear()
-            self._memo[k] = got
+            self._memo.put(k, got, self.memo_limit)
         if isinstance(got, NoFit) and got.node != node.name:
             return NoFit(node.name, got.reason, got.cause)  # as replace(), a third of its cost
         return got
@@ -58,9 +57,7 @@ class PodScores:
         if got is None:
             plans = self.policy.plans(state, self._shape)
             got = plans if plans else NoFit(node.name, no_fit_reason(node, self.pod))
-            if len(self._by_state) >= self.memo_limit:
-                self._by_state.clear()
-            self._by_state[state] = got
+            self._by_state.put(state, got, self.memo_limit)
         return got
 
     def _compute(self, node: NodeSlots) -> Score | NoFit:

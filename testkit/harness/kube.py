@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.harness.env import REPO
+from testkit.harness.env import REPO
 
 
 def helm_path(major: int = 3) -> str:

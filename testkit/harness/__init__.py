@@ -7,7 +7,7 @@ runners (``Kubectl``), the cluster script itself (``run_script``, ``cluster_cmd`
 the one poll helper (``wait_until``).
 """
 
-from tests.harness.env import (
+from testkit.harness.env import (
     BUILD_SCRIPT,
     CLUSTER_SCRIPT,
     K8S_VERSION,
@@ -21,9 +21,9 @@ from tests.harness.env import (
     loud_skip,
     run_script,
 )
-from tests.harness.kube import Kubectl, helm_path
-from tests.harness.lock import LOCK_FILE, acquire_lock, cluster_lock, lock_held, release_lock
-from tests.harness.wait import wait_until
+from testkit.harness.kube import Kubectl, helm_path
+from testkit.harness.lock import LOCK_FILE, acquire_lock, cluster_lock, lock_held, release_lock
+from testkit.harness.wait import wait_until
 
 __all__ = [
     "BUILD_SCRIPT",

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.lock import acquire_lock, release_lock
+from testkit.harness.lock import acquire_lock, release_lock
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER_SCRIPT = REPO / "hack" / "local-up-cluster.sh"

@@ -1,4 +1,5 @@
-"""Helpers of the end-to-end stories (fixtures are in conftest.py).
+"""Helpers of the end-to-end stories (fixtures are in tests/e2e/conftest.py); bench/soak.py
+uses them too.
 
 Everything goes through the real tools a user has: ``kubectl`` and ``helm`` against the
 local cluster (hack/local-up-cluster.sh), the image built by hack/build-image.sh, and
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.harness import REPO, Kubectl, wait_until
+from testkit.harness import REPO, Kubectl, wait_until
 
 CHART = REPO / "charts" / "gpu-share"
 VALUES = (

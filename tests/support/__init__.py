@@ -1,1 +1,0 @@
-"""Test helpers shared by several test packages (e.g. the kubelet stub)."""
