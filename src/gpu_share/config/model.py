@@ -135,22 +135,15 @@ Seconds = Annotated[float, Field(allow_inf_nan=False)]
 def domain_problem(domain: str) -> str:
     """Why ``domain`` cannot prefix both extended resource names and gpu-share's
     annotation keys; "" when it can."""
-    if not domain:
-        return "must not be empty"
     if len(domain) > MAX_DOMAIN_LENGTH:
         return (
             f"is {len(domain)} characters long, at most {MAX_DOMAIN_LENGTH} are allowed "
             f"(annotation keys {ANNOTATION_PREFIX}<domain>/... must be a DNS subdomain of "
             f"at most {DNS_SUBDOMAIN_MAX})"
         )
-    for n, label in enumerate(domain.split("."), start=1):
-        if len(label) > DNS_LABEL_MAX:
-            return f"label {n} is {len(label)} characters long, at most {DNS_LABEL_MAX}"
-        if not _DNS_LABEL.match(label):
-            return (
-                f"label {n} is not a DNS label (lowercase letters, digits and '-', "
-                "starting and ending with a letter or digit)"
-            )
+    problem = dns_subdomain_problem(domain)
+    if problem:
+        return problem
     if domain == "kubernetes.io" or domain.endswith("kubernetes.io"):
         return "names a Kubernetes native resource prefix (kubernetes.io), not an extended one"
     if domain.startswith("requests."):
