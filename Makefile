@@ -9,11 +9,11 @@ demo:
 	bash hack/demo.sh
 
 lint:
-	bash -c '. hack/lib/venv.sh && ensure_venv && ruff check src tests hack bench && mypy src/gpu_share && lint-imports && shell_lint && python hack/module-size.py'
+	bash -c '. hack/lib/venv.sh && ensure_venv && ruff check src tests hack bench testkit && mypy src/gpu_share && lint-imports && shell_lint && python hack/module-size.py'
 
 # Apply ruff's automatic fixes (import order and the like) to what `lint` checks.
 fmt:
-	bash -c '. hack/lib/venv.sh && ensure_venv && ruff check --fix src tests hack bench'
+	bash -c '. hack/lib/venv.sh && ensure_venv && ruff check --fix src tests hack bench testkit'
 
 # Regenerate what is generated from a source in the tree: the gRPC stubs (proto/), the
 # chart's values.schema.json and README (values.yaml, the agent's config model).

@@ -1,6 +1,6 @@
 """Latency of GetPreferredAllocation and Allocate over real unix sockets.
 
-    python bench/bench_grpc.py [--calls 2000] [--concurrency 8]
+    python -m bench.bench_grpc [--calls 2000] [--concurrency 8]
 
 Serves a handler through ``PluginServer`` exactly as the agent does and calls it as the
 kubelet does: N sequential calls, then the same number spread over C concurrent callers.
@@ -20,12 +20,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from gpu_share.plugin.handler import ResourceHandler
 from gpu_share.plugin.server import PluginServer, ServeOptions
-from tests.support.fake_handler import FakeHandler
-from tests.support.kubelet_stub import PluginClient
+from testkit.fake_handler import FakeHandler
+from testkit.kubelet_stub import PluginClient
 
 
 def _percentiles(samples: list[float]) -> tuple[float, float, float]:

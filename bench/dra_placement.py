@@ -12,7 +12,7 @@ On the local cluster's API server (takes the cluster lock; needs the cluster up)
 2. DRA path: a second kube-scheduler (its own schedulerName, default plugins,
    ``DRAConsumableCapacity`` on, NO extender) places the stream, each pod rewritten by
    the webhook's translation (one claim per pod from a ``gpu-share-m<u>-c<c>`` template);
-3. extender path: ``tests/extender/scheduler_support.extender_and_scheduler`` (fgd,
+3. extender path: ``testkit.scheduler.extender_and_scheduler`` (fgd,
    score plugins off) places the same stream as vcuda pods over the same nodes.
 
 Each path runs the stream twice, in fresh namespaces: ``seq`` creates a pod, waits until
@@ -49,12 +49,8 @@ from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from bench import dra_stream as ds  # noqa: E402
-from bench.replay import trace  # noqa: E402
+from bench import dra_stream as ds
+from bench.replay import trace
 
 GROUP, VERSION = "resource.k8s.io", "v1"
 KEY = b"dra-placement-bench-key-0123456789"
@@ -449,7 +445,7 @@ def run_dra(
 def run_extender(
     env: Env, binary: Path, pods: Sequence[trace.TracePod], load: Any, o: Options
 ) -> dict[str, ds.RunFigures]:
-    from tests.extender.scheduler_support import extender_and_scheduler
+    from testkit.scheduler import extender_and_scheduler
 
     sched = f"gs-ext-{env.tag}"
     out: dict[str, ds.RunFigures] = {}
@@ -522,7 +518,7 @@ def main(argv: list[str] | None = None) -> int:
     from kubernetes import client as k8s
 
     from gpu_share.kube.client import make_api_client
-    from tests.harness import cluster_info, cluster_is_up, cluster_lock
+    from testkit.harness import cluster_info, cluster_is_up, cluster_lock
 
     a = _args(argv)
     # A plain SIGTERM (e.g. timeout(1)) still runs the clean-up in the finally blocks.

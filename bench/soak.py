@@ -4,7 +4,7 @@ Hours of a busy node compressed into minutes: pods of mixed shapes are created a
 deleted continuously, the agent pod is deleted (DaemonSet replaces it) and the kubelet is
 restarted periodically; the agent process's RSS, thread count and open fds are read from
 ``/proc/<pid>`` on the host every ``--sample-every`` seconds into a CSV. At the end the
-soak pods are deleted and the e2e audit runs (tests/e2e/support.py: nothing
+soak pods are deleted and the e2e audit runs (testkit/e2e.py: nothing
 over-committed, PodResources = ledger = annotations = inventory).
 
     sudo .venv/bin/python -m bench.soak --minutes 30             # the documented run
@@ -29,10 +29,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 NS = "gpu-share-soak"
 FIELDS = (
@@ -153,8 +149,8 @@ def _sh(*args: str, timeout: float = 900) -> str:
 
 def _prepare() -> tuple[Any, bool]:
     """Cluster up, image built and imported, chart installed; (Kube, installed_here)."""
-    from tests.e2e.support import AGENT_NS, Kube
-    from tests.harness import BUILD_SCRIPT, CLUSTER_SCRIPT, cluster_info, helm_path
+    from testkit.e2e import AGENT_NS, Kube
+    from testkit.harness import BUILD_SCRIPT, CLUSTER_SCRIPT, cluster_info, helm_path
 
     _sh("bash", str(CLUSTER_SCRIPT), "up", timeout=80 * 60)
     _sh("bash", str(BUILD_SCRIPT), timeout=40 * 60)  # builds if needed, imports
@@ -185,7 +181,7 @@ class Churn:
 
 def _churn_step(kube: Any, churn: Churn, target: int, max_pods: int) -> None:
     """Delete finished/refused pods and a few of the oldest, create up to ``target``."""
-    from tests.e2e.support import container, pod
+    from testkit.e2e import container, pod
 
     pods = {p["metadata"]["name"]: p for p in kube.pods(NS)}
     phases = {n: p["status"].get("phase") for n, p in pods.items()}
@@ -214,7 +210,7 @@ def _churn_step(kube: Any, churn: Churn, target: int, max_pods: int) -> None:
 
 
 def _sample(kube: Any, pid: int | None, t0: float) -> tuple[Sample | None, int | None]:
-    from tests.e2e.support import agent_host_pid
+    from testkit.e2e import agent_host_pid
 
     for _ in range(2):
         try:
@@ -229,8 +225,8 @@ def _sample(kube: Any, pid: int | None, t0: float) -> tuple[Sample | None, int |
 
 
 def _restart_agent(kube: Any) -> None:
-    from tests.e2e.support import AGENT_NS
-    from tests.harness import wait_until
+    from testkit.e2e import AGENT_NS
+    from testkit.harness import wait_until
 
     old = kube.ready_agent()
     if old is None:
@@ -246,8 +242,8 @@ def _restart_agent(kube: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tests.e2e.support import assert_consistent
-    from tests.harness import acquire_lock, cluster_cmd, release_lock, wait_until
+    from testkit.e2e import assert_consistent
+    from testkit.harness import acquire_lock, cluster_cmd, release_lock, wait_until
 
     try:
         acquire_lock(args.lock_timeout, on_wait=lambda: _log("waiting for the cluster lock"))

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 ensure_venv
 
 echo "== static checks"
-ruff check src tests hack bench
+ruff check src tests hack bench testkit
 mypy src/gpu_share
 lint-imports
 shell_lint

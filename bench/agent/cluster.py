@@ -9,7 +9,7 @@ Each round starts one plugin as a host process, measures, and stops it again:
   kubelet_device_plugin_alloc_duration_seconds diffed around it (and gpu-share's own
   GetPreferredAllocation/Allocate histograms);
 - RSS after registration and after ``--allocations`` direct Allocate calls on the
-  plugin's socket (kubelet-side client from tests/support; for gpu-share each is
+  plugin's socket (kubelet-side client from testkit/kubelet_stub; for gpu-share each is
   GetPreferredAllocation + Allocate with no pod pending, i.e. its degraded path);
 - gpu-share only: ListAndWatch message size, and fault file written -> allocatable drops.
 
@@ -46,8 +46,8 @@ from bench.agent.stats import (
     rss_mib_from_status,
     series,
 )
-from tests.harness import cluster_info, wait_until
-from tests.support.host_agent import agent_argv
+from testkit.harness import cluster_info, wait_until
+from testkit.host_agent import agent_argv
 
 MEM = "vendor.com/vcuda-memory"
 PEER_RESOURCE = "example.com/resource"
@@ -87,7 +87,7 @@ class Env:
 
     @classmethod
     def of_cluster(cls) -> Env:
-        """From ``hack/local-up-cluster.sh env --json`` (tests/harness)."""
+        """From ``hack/local-up-cluster.sh env --json`` (testkit/harness)."""
         e = cluster_info().env
         return cls(
             e["NODE_NAME"],
@@ -207,7 +207,7 @@ def hist_delta(before: str, after: str, name: str, **labels: str) -> Histogram |
 def direct_allocations(s: Subject, count: int, env: Env) -> list[float]:
     """``count`` Allocate calls (gpu-share: GPA + Allocate) on the plugin's socket;
     latencies of the whole pair, seconds."""
-    from tests.support.kubelet_stub import PluginClient
+    from testkit.kubelet_stub import PluginClient
 
     paths = sorted(glob.glob(os.path.join(env.dp_dir, s.socket_glob)), key=os.path.getmtime)
     client = PluginClient(paths[-1], timeout_s=10).watch()
@@ -229,7 +229,7 @@ def direct_allocations(s: Subject, count: int, env: Env) -> list[float]:
 
 def listandwatch_bytes(s: Subject, env: Env) -> int:
     from gpu_share.plugin import wire
-    from tests.support.kubelet_stub import PluginClient
+    from testkit.kubelet_stub import PluginClient
 
     paths = sorted(glob.glob(os.path.join(env.dp_dir, s.socket_glob)), key=os.path.getmtime)
     client = PluginClient(paths[-1], timeout_s=10).watch()

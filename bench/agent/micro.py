@@ -2,11 +2,11 @@
 
 NodeAgent + PluginManager on the dummy backend (8 devices x 80 GiB, 256 MiB units by
 default) behind their real unix-socket gRPC servers, a kubelet stand-in
-(tests/support/kubelet_stub) that registers them and calls GetPreferredAllocation then
+(testkit/kubelet_stub) that registers them and calls GetPreferredAllocation then
 Allocate per (container, resource) as the kubelet does -- the available list it passes
 is every healthy id no active pod holds, so the agent releases a deleted pod's units as
 the kubelet would make it -- and a fake PodResources server
-(tests/support/kubelet_stub.FakePodResources) listing the pods and what they hold.
+(testkit/kubelet_stub.FakePodResources) listing the pods and what they hold.
 
 Phases: sequential (one pod at a time, like the kubelet) and C concurrent callers (each
 admitting its own pods; each caller's pods ask a distinct size so identity stays
@@ -61,7 +61,7 @@ from gpu_share.sharing.model import (
     PodResourcesView,
     PodView,
 )
-from tests.support.kubelet_stub import (
+from testkit.kubelet_stub import (
     FakePodResources,
     KubeletStub,
     PluginClient,

@@ -42,14 +42,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from bench import dra_stream as ds  # noqa: E402
-from bench.replay import trace  # noqa: E402
-from bench.scale import cluster as cl  # noqa: E402
-from bench.scale import model  # noqa: E402
+from bench import dra_stream as ds
+from bench.replay import trace
+from bench.scale import cluster as cl
+from bench.scale import model
 
 KEY = b"scale-bench-decision-key-0123456789"
 PATHS = ("base", "extender", "dra")
@@ -291,7 +287,7 @@ def _main(a: argparse.Namespace) -> int:
     from kubernetes import client as k8s
 
     from gpu_share.kube.client import make_api_client, rest_client_of
-    from tests.harness import cluster_info, cluster_is_up, cluster_lock
+    from testkit.harness import cluster_info, cluster_is_up, cluster_lock
 
     info = cluster_info()
     if info.problem or not cluster_is_up():

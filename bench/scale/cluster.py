@@ -26,7 +26,7 @@ import yaml
 from bench.scale import model
 from gpu_share.kube.rest import MERGE_PATCH
 from gpu_share.sharing.placement import NodeSlots
-from tests.extender.scheduler_support import extender_entry
+from testkit.scheduler import extender_entry
 
 REPO = Path(__file__).resolve().parents[2]
 

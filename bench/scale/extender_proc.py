@@ -113,7 +113,7 @@ def _instrument() -> None:
 
 def fixed_policy(workload_file: Path) -> None:
     """The policy on one fixed mix (the simulator's) instead of the mix of pods seen, as
-    tests/extender/scheduler_support.py runs it: the allocation is then comparable."""
+    testkit/scheduler.py runs it: the allocation is then comparable."""
     from gpu_share.cli import extender_main
     from gpu_share.sharing.placement import Shape, Workload, make_policy
 

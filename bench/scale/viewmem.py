@@ -33,18 +33,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from bench import dra_stream as ds  # noqa: E402
-from bench.replay import trace  # noqa: E402
-from bench.scale import cluster as cl  # noqa: E402
-from bench.scale import model  # noqa: E402
-from gpu_share.kube.rest import MERGE_PATCH  # noqa: E402
-from gpu_share.sharing.decision import ContainerDecision, Decision, decision_key, sign  # noqa: E402
-from gpu_share.sharing.placement import ClusterIndex, Placement, TieBreak, make_policy  # noqa: E402
-from gpu_share.sharing.placement.pod_request import parse_pod_request  # noqa: E402
+from bench import dra_stream as ds
+from bench.replay import trace
+from bench.scale import cluster as cl
+from bench.scale import model
+from gpu_share.kube.rest import MERGE_PATCH
+from gpu_share.sharing.decision import ContainerDecision, Decision, decision_key, sign
+from gpu_share.sharing.placement import ClusterIndex, Placement, TieBreak, make_policy
+from gpu_share.sharing.placement.pod_request import parse_pod_request
 
 KEY = b"scale-bench-decision-key-0123456789"
 NOBODY = "gs-scale-nobody"  # no scheduler serves it: unplaced pods stay Pending
@@ -172,7 +168,7 @@ def _main(a: argparse.Namespace) -> int:
 
     from bench.scale.__main__ import free_port
     from gpu_share.kube.client import make_api_client, rest_client_of
-    from tests.harness import cluster_info, cluster_is_up, cluster_lock
+    from testkit.harness import cluster_info, cluster_is_up, cluster_lock
 
     info = cluster_info()
     if info.problem or not cluster_is_up():

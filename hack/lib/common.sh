@@ -54,7 +54,7 @@ wait_until() {
 }
 
 # The one local cluster is shared by tests, the demo and the benchmarks: every user
-# holds this lock (tests/harness/lock.py takes the same file).
+# holds this lock (testkit/harness/lock.py takes the same file).
 CLUSTER_LOCK="${GPU_SHARE_CLUSTER_LOCK:-/tmp/gpu-share-cluster.lock}"
 
 # take_cluster_lock : holds CLUSTER_LOCK on fd 9 until release_cluster_lock or exit

@@ -33,8 +33,8 @@ from gpu_share.sharing.model import (
     PodResourcesView,
     PodView,
 )
-from tests.support.host_agent import agent_argv
-from tests.support.kubelet_stub import (
+from testkit.host_agent import agent_argv
+from testkit.kubelet_stub import (
     FakePodResources,
     KubeletStub,
     PluginClient,

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from testkit.harness.wait import poll
+from testkit.host_agent import agent_argv
+from testkit.kubelet_stub import FakePodResources, KubeletStub
 from tests.agent.served_agent import kill_if_running, spawn_agent
-from tests.harness.wait import poll
-from tests.support.host_agent import agent_argv
-from tests.support.kubelet_stub import FakePodResources, KubeletStub
 
 
 def test_serves_registers_and_cleans_up_on_sigterm(workdir: Path) -> None:

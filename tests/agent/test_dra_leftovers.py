@@ -22,10 +22,10 @@ from gpu_share.config.model import AgentConfig
 from gpu_share.errors import KubeAccessError
 from gpu_share.kube.resourceclaims import ClaimNotFoundError
 from gpu_share.sharing.model import DeviceShare
+from testkit.harness.wait import poll
+from testkit.kubelet_stub import FakePodResources, KubeletStub
 from tests.agent.served_agent import kill_if_running, spawn_agent
 from tests.dra.conftest import Kubelet as DraKubelet
-from tests.harness.wait import poll
-from tests.support.kubelet_stub import FakePodResources, KubeletStub
 
 DRIVER = "gpu-share.vendor.com"
 UID_A = "0a000000-0000-4000-8000-00000000000a"

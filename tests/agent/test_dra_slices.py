@@ -20,8 +20,8 @@ from gpu_share.observability.loops import Backoff, LoopSupervisor
 from gpu_share.observability.metrics import Metrics
 from gpu_share.sharing.dra.slices import SliceContent
 from gpu_share.sharing.inventory import Inventory
+from testkit.harness.wait import poll
 from tests.agent.served_agent import agent_config
-from tests.harness.wait import poll
 
 FAST = Backoff(0.01, 0.05)
 DRIVER = "gpu-share.vendor.com"

@@ -23,8 +23,8 @@ from gpu_share.cli.plugin_main import PrometheusAgentMetrics
 from gpu_share.config.model import AgentConfig, DeviceListStrategy, EnforcementMode, RuntimeConfig
 from gpu_share.observability.metrics import Metrics
 from gpu_share.sharing.annotations import enforcement_key
+from testkit.harness.wait import until
 from tests.agent.served_agent import MEM, Rig, hami_core_install, pod_view, rig_with
-from tests.harness.wait import until
 
 AUTO = EnforcementMode.AUTO
 NONE, HAMI, MPS = EnforcementMode.NONE, EnforcementMode.HAMI_CORE, EnforcementMode.MPS

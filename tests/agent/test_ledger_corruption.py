@@ -40,6 +40,13 @@ from gpu_share.sharing.model import (
     ResourceKind,
 )
 from gpu_share.sharing.node.ledger import DUPLICATE_UNIT, MALFORMED, UNKNOWN_DEVICE, EntrySource
+from testkit.harness.wait import poll
+from testkit.kubelet_stub import (
+    FakePodResources,
+    KubeletStub,
+    PluginClient,
+    fast_plugin_settings,
+)
 from tests.agent.served_agent import (
     CORE,
     MEM,
@@ -49,13 +56,6 @@ from tests.agent.served_agent import (
     kill_if_running,
     scratch_dir,
     spawn_agent,
-)
-from tests.harness.wait import poll
-from tests.support.kubelet_stub import (
-    FakePodResources,
-    KubeletStub,
-    PluginClient,
-    fast_plugin_settings,
 )
 
 

@@ -27,7 +27,7 @@ from gpu_share.sharing.dra.reading import ClaimError, ClaimReason
 from gpu_share.sharing.model import AllocateSpec, ContainerRef, ContainerRequest, DeviceShare
 from gpu_share.sharing.node.ledger import EntrySource, LedgerEntry
 from gpu_share.sharing.node.limits import MEMORY_REQUIRED
-from tests.harness.nvidia_limits import MOUNTINFO_V1, MOUNTINFO_V2, fake_node
+from testkit.harness.nvidia_limits import MOUNTINFO_V1, MOUNTINFO_V2, fake_node
 from tests.sharing.helpers import devices
 
 NV = EnforcementMode.NVIDIA_MEMORY_LIMITS

@@ -12,7 +12,7 @@ from gpu_share.agent import publisher as publisher_mod
 from gpu_share.agent.publisher import BackgroundPublisher
 from gpu_share.errors import KubeAccessError
 from gpu_share.observability.loops import LoopSupervisor
-from tests.harness.wait import poll
+from testkit.harness.wait import poll
 
 
 class _FlakyApi:

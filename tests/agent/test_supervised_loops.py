@@ -25,8 +25,8 @@ from gpu_share.observability.loops import Backoff, LoopStalledError, LoopSupervi
 from gpu_share.observability.metrics import Metrics
 from gpu_share.sharing.ids import parse_unit_id
 from gpu_share.sharing.model import ResourceKind
+from testkit.harness.wait import poll
 from tests.agent.served_agent import agent_config
-from tests.harness.wait import poll
 
 FAST = Backoff(0.01, 0.05)
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.env import REPO, loud_skip
-from tests.support.kubelet_stub import KubeletStub
+from testkit.harness.env import REPO, loud_skip
+from testkit.kubelet_stub import KubeletStub
 
 BUILD = REPO / "bench" / "agent" / "build-peer.sh"
 

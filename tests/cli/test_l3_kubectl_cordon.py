@@ -33,9 +33,9 @@ from gpu_share.cli import kubectl_plugin as kp
 from gpu_share.kube.client import make_api_client
 from gpu_share.sharing.annotations import inventory_key
 from gpu_share.sharing.cordon import Cordon, cordon_key, parse_cordon
+from testkit.harness.wait import until
 from tests.chart.conftest import CHART, NAMESPACE, RELEASE, helm_path
 from tests.cli.objects import DOMAIN, node_obj
-from tests.harness.wait import until
 
 pytestmark = pytest.mark.apiserver
 

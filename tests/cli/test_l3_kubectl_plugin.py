@@ -35,8 +35,8 @@ from gpu_share.kube.cluster_view import KubeClusterView
 from gpu_share.kube.rest import ApiError, RestClient
 from gpu_share.kube.rest_config import kubeconfig_config
 from gpu_share.sharing.placement import make_policy
+from testkit.harness import K8S_VERSION
 from tests.cli.objects import CORE, KEY, MEM, assignment, node_obj, pod_obj
-from tests.harness import K8S_VERSION
 
 pytestmark = pytest.mark.apiserver
 

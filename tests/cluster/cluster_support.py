@@ -9,7 +9,7 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.harness import Kubectl, wait_until
+from testkit.harness import Kubectl, wait_until
 
 
 @dataclass

@@ -7,7 +7,7 @@ re-entrant, so e2e stories in the same run share it) outside any test timeout, a
 
 The session fixture ``cluster`` runs ``hack/local-up-cluster.sh up`` (a no-op when the
 cluster already runs; on a fresh machine it builds Kubernetes and etcd first) and yields
-a ``Cluster`` with the cluster's environment (tests/harness: ``env --json``). A cluster
+a ``Cluster`` with the cluster's environment (testkit/harness: ``env --json``). A cluster
 that this fixture started is taken down at the end of the session unless
 GPU_SHARE_CLUSTER_KEEP=1; one that was already running is left running.
 """
@@ -22,8 +22,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.cluster.cluster_support import Cluster
-from tests.harness import (
+from testkit.harness import (
     CLUSTER_SCRIPT,
     LOCK_FILE,
     UP_TIMEOUT_S,
@@ -35,6 +34,7 @@ from tests.harness import (
     run_script,
     wait_until,
 )
+from tests.cluster.cluster_support import Cluster
 
 LOCK_TIMEOUT_S = int(os.environ.get("GPU_SHARE_E2E_LOCK_TIMEOUT", str(45 * 60)))
 

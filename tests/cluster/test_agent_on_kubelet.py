@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from testkit.harness import wait_until
+from testkit.host_agent import HostAgent
 from tests.cluster.cluster_support import Cluster
-from tests.harness import wait_until
-from tests.support.host_agent import HostAgent
 
 pytestmark = pytest.mark.cluster
 

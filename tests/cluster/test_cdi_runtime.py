@@ -23,9 +23,9 @@ from gpu_share.agent.cdi import CdiSpecWriter
 from gpu_share.config.model import AgentConfig
 from gpu_share.devices.dummy import DummyBackend, dummy_uuid
 from gpu_share.sharing.cdi import ENV_CDI_DEVICE_PREFIX
+from testkit.harness import CLUSTER_SCRIPT, wait_until
+from testkit.host_agent import HostAgent
 from tests.cluster.cluster_support import Cluster
-from tests.harness import CLUSTER_SCRIPT, wait_until
-from tests.support.host_agent import HostAgent
 
 pytestmark = pytest.mark.cluster
 

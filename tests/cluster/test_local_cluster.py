@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from testkit.harness import K8S_VERSION, REPO, wait_until
 from tests.cluster.cluster_support import Cluster
-from tests.harness import K8S_VERSION, REPO, wait_until
 
 pytestmark = pytest.mark.cluster
 

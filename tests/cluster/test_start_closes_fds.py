@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import REPO, wait_until
+from testkit.harness import REPO, wait_until
 
 
 @pytest.mark.skipif(shutil.which("flock") is None, reason="flock(1) missing")

@@ -17,8 +17,8 @@ import pytest
 from gpu_share.dra import sockets
 from gpu_share.dra.server import DraPluginServer, DraServeOptions
 from gpu_share.dra.sockets import DraServeError
+from testkit.harness.wait import poll
 from tests.dra.conftest import DRIVER, FAST, FakePreparer, Kubelet
-from tests.harness.wait import poll
 
 UID = "0b6c2a9e-5f1d-4c1e-9a57-3f7e2d1c0a01"
 

@@ -26,8 +26,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.e2e.support import AGENT_NS, Kube
-from tests.harness import (
+from testkit.e2e import AGENT_NS, Kube
+from testkit.harness import (
     BUILD_SCRIPT,
     LOCK_FILE,
     UP_TIMEOUT_S,

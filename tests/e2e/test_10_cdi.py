@@ -17,8 +17,8 @@ import pytest
 
 from gpu_share.devices.dummy import dummy_uuid
 from gpu_share.sharing.cdi import ENV_CDI_DEVICE_PREFIX, spec_file_name
-from tests.e2e.support import DEVICES, MEM, Kube, assignment, container, pod
-from tests.harness import wait_until
+from testkit.e2e import DEVICES, MEM, Kube, assignment, container, pod
+from testkit.harness import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 

@@ -51,7 +51,7 @@ from gpu_share.sharing.dra.claim_translation import (
 )
 from gpu_share.sharing.model import ResourceNames
 from gpu_share.sharing.quantity import MIB, parse_quantity
-from tests.e2e.support import (
+from testkit.e2e import (
     AGENT_NS,
     CORE,
     DEVICES,
@@ -61,7 +61,7 @@ from tests.e2e.support import (
     container,
     pod,
 )
-from tests.harness import cluster_cmd, wait_until
+from testkit.harness import cluster_cmd, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 

@@ -33,8 +33,8 @@ from gpu_share.devices.dummy import dummy_uuid
 from gpu_share.sharing.cdi import ENV_CDI_DEVICE_PREFIX
 from gpu_share.sharing.dra.claim_translation import MANAGED_BY, ClaimShape, claim_name
 from gpu_share.sharing.quantity import MIB, parse_quantity
-from tests.e2e.support import AGENT_NS, CORE, MEM, RELEASE, Kube, container, pod
-from tests.harness import wait_until
+from testkit.e2e import AGENT_NS, CORE, MEM, RELEASE, Kube, container, pod
+from testkit.harness import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 

@@ -49,7 +49,7 @@ import pytest
 
 from gpu_share.sharing.decision import DecisionError, decision_key, verify_binding
 from gpu_share.sharing.placement.pod_models import models_key
-from tests.e2e.support import (
+from testkit.e2e import (
     AGENT_NS,
     ASSIGNMENT,
     MEM,
@@ -60,7 +60,7 @@ from tests.e2e.support import (
     device_of,
     pod,
 )
-from tests.harness import REPO, run_script, wait_until
+from testkit.harness import REPO, run_script, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 

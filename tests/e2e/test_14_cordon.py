@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import pytest
 
 from gpu_share.sharing.dra.claim_translation import ClaimShape
-from tests.e2e.support import (
+from testkit.e2e import (
     CORE,
     DEVICES,
     MEM,
@@ -28,6 +28,7 @@ from tests.e2e.support import (
     container,
     pod,
 )
+from testkit.harness import wait_until
 from tests.e2e.test_11_dra import (  # the DRA pool of story 11, its helpers
     DraPool,
     _allocs,
@@ -38,7 +39,6 @@ from tests.e2e.test_11_dra import (  # the DRA pool of story 11, its helpers
     _spec_path,
     dra,  # noqa: F401 - story 11's pool fixture
 )
-from tests.harness import wait_until
 
 pytestmark = pytest.mark.e2e
 

@@ -28,9 +28,9 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.support import CORE, MEM, Kube, pod
+from testkit.e2e import CORE, MEM, Kube, pod
+from testkit.harness import REPO, run_script, wait_until
 from tests.e2e.test_11_dra import _wait_rolled
-from tests.harness import REPO, run_script, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 

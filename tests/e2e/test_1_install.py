@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.support import (
+from testkit.e2e import (
     AGENT_NS,
     CORE,
     DEVICES,

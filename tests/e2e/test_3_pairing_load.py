@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.support import (
+from testkit.e2e import (
     Kube,
     assert_consistent,
     assignment,

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.e2e.support import (
+from testkit.e2e import (
     DEVICES,
     MEM,
     UNITS_PER_DEVICE,
@@ -18,7 +18,7 @@ from tests.e2e.support import (
     kubelet_devices,
     pod,
 )
-from tests.harness import cluster_cmd, wait_until
+from testkit.harness import cluster_cmd, wait_until
 
 pytestmark = pytest.mark.e2e
 

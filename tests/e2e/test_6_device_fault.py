@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.support import (
+from testkit.e2e import (
     CORE,
     DEVICES,
     MEM,
@@ -17,7 +17,7 @@ from tests.e2e.support import (
     container,
     pod,
 )
-from tests.harness import wait_until
+from testkit.harness import wait_until
 
 pytestmark = pytest.mark.e2e
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.support import (
+from testkit.e2e import (
     CORE,
     DEVICES,
     MEM,
@@ -19,7 +19,7 @@ from tests.e2e.support import (
     kubelet_devices,
     pod,
 )
-from tests.harness import wait_until
+from testkit.harness import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.e2e.support import (
+from testkit.e2e import (
     AGENT_NS,
     ASSIGNMENT,
     SERVICE_ACCOUNT,
@@ -24,7 +24,7 @@ from tests.e2e.support import (
     kubelet_devices,
     pod,
 )
-from tests.harness import wait_until
+from testkit.harness import wait_until
 
 pytestmark = pytest.mark.e2e
 

@@ -4,7 +4,7 @@
 9b  a node reboot: the kubelet and the agent restart together under running pods;
 9c  `helm rollback` after an upgrade that changed the memory unit size under running slices.
 
-Each ends with the audit (tests/e2e/support.py): nothing over-committed, every slice the
+Each ends with the audit (testkit/e2e.py): nothing over-committed, every slice the
 same in PodResources, the pod's annotation, the node inventory and the container's env.
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.support import (
+from testkit.e2e import (
     AGENT_NS,
     CORE,
     DEVICE_MIB,
@@ -41,7 +41,7 @@ from tests.e2e.support import (
     pod,
     seen_on_host,
 )
-from tests.harness import cluster_cmd, wait_until
+from testkit.harness import cluster_cmd, wait_until
 
 pytestmark = pytest.mark.e2e
 

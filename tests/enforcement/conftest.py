@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.env import REPO, loud_skip
+from testkit.harness.env import REPO, loud_skip
 
 BUILD = REPO / "hack" / "build-enforcement.sh"
 

@@ -38,9 +38,9 @@ import pytest
 
 from gpu_share.agent import enforcement
 from gpu_share.config.model import RuntimeConfig
+from testkit.harness.env import REPO, loud_skip
 from tests.enforcement import runtime
 from tests.enforcement.conftest import Built
-from tests.harness.env import REPO, loud_skip
 
 BUILD = REPO / "hack" / "build-cdi-hook.sh"
 UUID = "NPU-cdi-hook-0"
@@ -519,9 +519,9 @@ def test_the_agents_own_slice_is_limited_through_its_cdi_spec(
     in the container's spec; the workload in the container's cgroup then stops at 3 GiB."""
     from gpu_share.agent.cdi import CdiSpecWriter
     from gpu_share.devices.dummy import DummyBackend
+    from testkit.harness.nvidia_limits import fake_node
     from tests.agent.served_agent import rig_with
     from tests.enforcement.slices import Node
-    from tests.harness.nvidia_limits import fake_node
 
     # The node can enforce: cgroup v2 (the namespace below), the hook, the driver's NVML.
     fake_node(tmp_path, monkeypatch, v2=True, hook=True, nvml=driver.nvml)

@@ -10,8 +10,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from testkit.harness.env import REPO
 from tests.enforcement.conftest import Built
-from tests.harness.env import REPO
 
 SCRIPT = REPO / "hack" / "gpu-proof.sh"
 BANNER = "NOTHING PROVEN ON HARDWARE: stand-in driver"

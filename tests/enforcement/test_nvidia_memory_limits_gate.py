@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from gpu_share.agent import enforcement
+from testkit.harness.nvidia_limits import fake_node
 from tests.enforcement.conftest import Built
-from tests.harness.nvidia_limits import fake_node
 
 
 def test_a_node_with_cgroup_v2_the_hook_and_the_drivers_nvml_can_enforce(

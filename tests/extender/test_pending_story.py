@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from gpu_share.sharing.placement import Shape, Workload
-from tests.extender.scheduler_support import CORE, MEM, extender_and_scheduler
-from tests.harness import live_cluster, wait_until
-from tests.support.host_agent import HostAgent
+from testkit.harness import live_cluster, wait_until
+from testkit.host_agent import HostAgent
+from testkit.scheduler import CORE, MEM, extender_and_scheduler
 
 pytestmark = pytest.mark.cluster
 

@@ -24,8 +24,8 @@ import pytest
 from bench.replay import trace
 from gpu_share.sharing.annotations import InventoryAnnotation, InventoryDevice, inventory_key
 from gpu_share.sharing.placement import ClusterIndex, Shape, TieBreak, Workload, make_policy
-from tests.extender.scheduler_support import extender_and_scheduler
-from tests.harness import live_cluster, wait_until
+from testkit.harness import live_cluster, wait_until
+from testkit.scheduler import extender_and_scheduler
 
 pytestmark = pytest.mark.cluster
 

@@ -23,9 +23,9 @@ import pytest
 from gpu_share.sharing.annotations import InventoryAnnotation, InventoryDevice, inventory_key
 from gpu_share.sharing.placement import ModelReq, Shape, Workload
 from gpu_share.sharing.placement.pod_models import DEFAULT_MODEL_LABEL, models_key
-from tests.extender.scheduler_support import CORE, MEM, extender_and_scheduler
+from testkit.harness import live_cluster, wait_until
+from testkit.scheduler import CORE, MEM, extender_and_scheduler
 from tests.extender.test_real_scheduler import _wait_placed
-from tests.harness import live_cluster, wait_until
 
 pytestmark = pytest.mark.cluster
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from kube_fakes import ApiServer, stop_fake_servers
 
-from tests.harness import K8S_VERSION
+from testkit.harness import K8S_VERSION
 
 START_TIMEOUT_S = 90.0
 

@@ -36,8 +36,8 @@ from gpu_share.kube.client import make_api_client
 from gpu_share.kube.extender_rbac import EXTENDER_RULES
 from gpu_share.kube.rbac import AGENT_RULES
 from gpu_share.sharing.placement.pod_models import models_key
+from testkit.harness.wait import until
 from tests.chart.conftest import CHART, NAMESPACE, RELEASE, helm_path
-from tests.harness.wait import until
 
 pytestmark = pytest.mark.apiserver
 

@@ -19,7 +19,7 @@ from gpu_share.kube.publish import KubePublisher
 from gpu_share.kube.rbac import AGENT_RULES
 from gpu_share.kube.rest import ApiError, RestClient, make_rest_client
 from gpu_share.sharing.model import ContainerKind, ContainerRequest
-from tests.harness.wait import until
+from testkit.harness.wait import until
 
 pytestmark = pytest.mark.apiserver
 

@@ -25,7 +25,7 @@ from gpu_share.sharing.annotations import (
 )
 from gpu_share.sharing.model import DeviceShare
 from gpu_share.sharing.placement import NodeSlots, Shape, Workload
-from tests.harness.wait import until
+from testkit.harness.wait import until
 
 pytestmark = pytest.mark.apiserver
 

@@ -38,8 +38,8 @@ from gpu_share.kube.rest import RestClient, RestConfig, make_rest_client
 from gpu_share.sharing.dra.slices import slice_content
 from gpu_share.sharing.inventory import Inventory
 from gpu_share.sharing.quantity import parse_quantity
+from testkit.harness.wait import until
 from tests.chart.conftest import NAMESPACE, RELEASE
-from tests.harness.wait import until
 from tests.kube.policies import rendered_policy
 
 pytestmark = pytest.mark.apiserver

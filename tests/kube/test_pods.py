@@ -19,7 +19,7 @@ from gpu_share.kube.pods import (
 )
 from gpu_share.kube.rest import KubeTimeouts
 from gpu_share.sharing.model import ContainerKind, ContainerRequest
-from tests.harness.wait import poll
+from testkit.harness.wait import poll
 
 MEM = "vendor.com/vcuda-memory"
 CORE = "vendor.com/vcuda-core"

@@ -18,7 +18,7 @@ from gpu_share.kube.cluster_view import KubeClusterView
 from gpu_share.kube.pods import KubePodSource, NodePodCache
 from gpu_share.observability.loops import Backoff, LoopSupervisor
 from gpu_share.sharing.placement import Shape, Workload
-from tests.harness.wait import poll
+from testkit.harness.wait import poll
 
 FAST = Backoff(0.01, 0.05)
 

@@ -36,12 +36,12 @@ from gpu_share.observability.http import READY_METRIC, start_http
 from gpu_share.observability.metrics import ExtenderMetrics, Metrics
 from gpu_share.sharing.model import ResourceNames
 from gpu_share.sharing.placement import make_policy
+from testkit.harness.env import REQUIRE_CLUSTER
+from testkit.harness.wait import poll
+from testkit.kubelet_stub import FakePodResources, KubeletStub
 from tests.agent.served_agent import kill_if_running, scratch_dir, spawn_agent
 from tests.chart.conftest import CHART, NAMESPACE, RELEASE, helm_path, one, render
 from tests.extender.test_http import CORE, KEY, MEM, FakeBinder, FakeView, kpod, post_raw
-from tests.harness.env import REQUIRE_CLUSTER
-from tests.harness.wait import poll
-from tests.support.kubelet_stub import FakePodResources, KubeletStub
 
 REPO = Path(__file__).resolve().parents[2]
 RULE_TESTS = sorted((Path(__file__).parent / "rules").glob("*.yaml"))

@@ -1,22 +1,15 @@
 from __future__ import annotations
 
 import shutil
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-# ``tests.support`` must import however pytest was started (``pytest`` or
-# ``python -m pytest``); the repo root is not always on sys.path.
-_REPO = str(Path(__file__).resolve().parents[2])
-if _REPO not in sys.path:
-    sys.path.insert(0, _REPO)
-
-from gpu_share.plugin.manager import PluginManager  # noqa: E402
-from tests.support.fake_handler import FakeHandler  # noqa: E402
-from tests.support.kubelet_stub import KubeletStub, fast_plugin_settings  # noqa: E402
+from gpu_share.plugin.manager import PluginManager
+from testkit.fake_handler import FakeHandler
+from testkit.kubelet_stub import KubeletStub, fast_plugin_settings
 
 FAST = fast_plugin_settings()
 

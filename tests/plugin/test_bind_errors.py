@@ -14,9 +14,9 @@ from gpu_share.agent.unixsock import SOCKET_IN_USE, SOCKET_PATH_TOO_LONG, socket
 from gpu_share.plugin.manager import PluginManager
 from gpu_share.plugin.server import PluginServer, ServeError
 from gpu_share.sharing.model import AdvertisedDevice
-from tests.harness.wait import poll
-from tests.support.fake_handler import FakeHandler
-from tests.support.kubelet_stub import PluginClient, fast_plugin_settings
+from testkit.fake_handler import FakeHandler
+from testkit.harness.wait import poll
+from testkit.kubelet_stub import PluginClient, fast_plugin_settings
 
 FAST = fast_plugin_settings()
 

@@ -13,9 +13,9 @@ from gpu_share.errors import KubeAccessError
 from gpu_share.plugin.manager import PluginManager
 from gpu_share.plugin.proto import deviceplugin_v1beta1_pb2 as dp
 from gpu_share.plugin.registration import RegistrationPolicy, register_with_retry
-from tests.harness.wait import poll
-from tests.support.fake_handler import FakeHandler
-from tests.support.kubelet_stub import KubeletStub, fast_plugin_settings
+from testkit.fake_handler import FakeHandler
+from testkit.harness.wait import poll
+from testkit.kubelet_stub import KubeletStub, fast_plugin_settings
 
 FAST = fast_plugin_settings()
 

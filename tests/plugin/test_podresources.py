@@ -13,7 +13,7 @@ from gpu_share.plugin import wire
 from gpu_share.plugin.podresources import PodResourcesClient
 from gpu_share.plugin.proto import podresources_v1_pb2 as pr
 from gpu_share.sharing.model import PodResourcesContainer, PodResourcesPod, PodResourcesView
-from tests.support.kubelet_stub import FakePodResources
+from testkit.kubelet_stub import FakePodResources
 
 MEM = "vendor.com/vcuda-memory"
 CORE = "vendor.com/vcuda-core"

@@ -18,8 +18,8 @@ from gpu_share.errors import (
 from gpu_share.plugin.proto import deviceplugin_v1beta1_pb2 as dp
 from gpu_share.plugin.server import REASON_METADATA_KEY, PluginServer, status_for
 from gpu_share.sharing.model import AdvertisedDevice, AllocateSpec, DeviceNodeSpec, Mount
-from tests.support.fake_handler import FakeHandler
-from tests.support.kubelet_stub import PluginClient, fast_plugin_settings
+from testkit.fake_handler import FakeHandler
+from testkit.kubelet_stub import PluginClient, fast_plugin_settings
 
 OPTS = fast_plugin_settings().serve
 

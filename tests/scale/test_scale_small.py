@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import live_cluster, loud_skip
+from testkit.harness import live_cluster, loud_skip
 
 pytestmark = pytest.mark.cluster
 
