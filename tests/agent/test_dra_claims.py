@@ -19,7 +19,7 @@ import pytest
 from gpu_share.agent.dra.claims import CHECKPOINT_FILE, DraClaimPreparer
 from gpu_share.agent.dra.ports import ClaimPreparer, ClaimRef
 from gpu_share.agent.enforcement import EnforcementStatus
-from gpu_share.agent.response import build_allocate_spec
+from gpu_share.agent.response import build
 from gpu_share.config.model import AgentConfig, EnforcementMode
 from gpu_share.devices.dummy import DummyBackend
 from gpu_share.errors import KubeAccessError
@@ -120,7 +120,7 @@ def test_prepare_writes_one_cdi_spec_from_the_device_plugin_builder(tmp_path: Pa
         shares=(DeviceShare(d1.uuid, 4, 30),), source=EntrySource.NODE_AGENT,
         created_at=0.0, updated_at=0.0,
     )
-    dp = build_allocate_spec(entry, {d1.uuid: d1}, backend.naming(), cfg.runtime, 1024)
+    dp = build(entry, ({d1.uuid: d1}).get, backend.naming(), cfg.runtime, 1024)
     assert env(spec) == dict(dp.envs)
     assert env(spec)["DUMMY_VISIBLE_DEVICES"] == d1.uuid
     assert env(spec)["GPU_SHARE_MEMORY_LIMIT_MIB"] == "4096"

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from gpu_share.agent import enforcement
 from gpu_share.agent.cdi import CdiSpecWriter
-from gpu_share.agent.response import build_allocate_spec
+from gpu_share.agent.response import build
 from gpu_share.config.model import AgentConfig, EnforcementMode, RuntimeConfig
 from gpu_share.devices.base import RuntimeNaming
 from gpu_share.devices.dummy import DummyBackend
@@ -51,7 +51,7 @@ def _entry(mem: int, cores: int) -> LedgerEntry:
 def _spec(e: LedgerEntry, *strategies: str) -> AllocateSpec:
     rt = RuntimeConfig.model_validate({"enforcement": NV.value,
                                        "deviceListStrategy": list(strategies)})
-    return build_allocate_spec(e, DEVS, NAMING, rt, 1024)
+    return build(e, DEVS.get, NAMING, rt, 1024)
 
 
 def test_a_slice_gets_the_hook_env_in_mib_and_its_gpus_hook_device() -> None:

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from gpu_share.agent.response import RuntimeResponses, build_allocate_spec
+from gpu_share.agent.response import RuntimeResponses, build
 from gpu_share.config.model import DeviceListStrategy, EnforcementMode, RuntimeConfig
 from gpu_share.devices.base import DeviceNode, RuntimeNaming
 from gpu_share.errors import AllocationError
@@ -45,8 +45,8 @@ def entry(
 
 
 def spec(e: LedgerEntry, mode: EnforcementMode) -> AllocateSpec:
-    return build_allocate_spec(
-        e, DEVS, NAMING, RuntimeConfig(enforcement=mode), 1024, memory_resource=MEM
+    return build(
+        e, DEVS.get, NAMING, RuntimeConfig(enforcement=mode), 1024, memory_resource=MEM
     )
 
 
@@ -145,8 +145,8 @@ def test_response_follows_the_live_device_table() -> None:
     table = {"inv": Inventory.from_devices(devices(2), 1024)}
     responses = RuntimeResponses(lambda: table["inv"], NAMING, lambda: rt, memory_resource=MEM)
     on_1 = entry(4, 30)  # GPU-1
-    assert responses.build(on_1) == build_allocate_spec(
-        on_1, {d.uuid: d for d in devices(2)}, NAMING, rt, 1024, memory_resource=MEM
+    assert responses.build(on_1) == build(
+        on_1, ({d.uuid: d for d in devices(2)}).get, NAMING, rt, 1024, memory_resource=MEM
     )
 
     # Added by a refresh: GPU-2, unknown a moment ago.

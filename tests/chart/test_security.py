@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpu_share.agent.response import build_allocate_spec
+from gpu_share.agent.response import build
 from gpu_share.config.model import DeviceListStrategy, EnforcementMode, RuntimeConfig
 from gpu_share.devices.base import RuntimeNaming
 from gpu_share.devices.dummy import VISIBLE_DEVICES_ENV as DUMMY_ENV
@@ -539,7 +539,7 @@ def test_annotation_policy_covers_every_pool_domain_and_extra_writers() -> None:
 
 
 def _agent_env_names() -> set[str]:
-    """Every env name build_allocate_spec hands out, over modes, strategies and backends."""
+    """Every env name build hands out, over modes, strategies and backends."""
     from gpu_share.devices.base import Device
 
     dev = Device(uuid="GPU-0", index=0, minor=0, memory_mib=8192, model="m")
@@ -559,7 +559,7 @@ def _agent_env_names() -> set[str]:
                     )
                     rt = RuntimeConfig(enforcement=mode, device_list_strategy=[strategy])
                     try:
-                        spec = build_allocate_spec(entry, {"GPU-0": dev}, naming, rt, 1024)
+                        spec = build(entry, ({"GPU-0": dev}).get, naming, rt, 1024)
                     except AllocationError:  # a shared cores-only slice under enforcement
                         continue
                     names |= set(spec.envs)

@@ -8,6 +8,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from gpu_share.devices.base import DeviceNode
 from gpu_share.errors import (
     AllocationError,
     ConfigError,
@@ -17,7 +18,7 @@ from gpu_share.errors import (
 )
 from gpu_share.plugin.proto import deviceplugin_v1beta1_pb2 as dp
 from gpu_share.plugin.server import REASON_METADATA_KEY, PluginServer, status_for
-from gpu_share.sharing.model import AdvertisedDevice, AllocateSpec, DeviceNodeSpec, Mount
+from gpu_share.sharing.model import AdvertisedDevice, AllocateSpec, Mount
 from testkit.fake_handler import FakeHandler
 from testkit.kubelet_stub import PluginClient, fast_plugin_settings
 
@@ -128,7 +129,7 @@ def test_allocate_maps_every_spec_field(client: PluginClient, handler: FakeHandl
     handler.spec = AllocateSpec(
         envs={"A": "1", "B": "two"},
         mounts=(Mount("/c/lib", "/h/lib", read_only=True), Mount("/c/rw", "/h/rw", False)),
-        devices=(DeviceNodeSpec("/dev/npu0", "/dev/null", "rw"),),
+        devices=(DeviceNode("/dev/null", "/dev/npu0", "rw"),),
         annotations={"vendor.com/x": "y"},
         cdi_devices=("nvidia.com/gpu=GPU-1",),
     )

@@ -13,14 +13,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpu_share.config.model import DummyConfig, EnforcementMode
-from gpu_share.devices.base import Device
+from gpu_share.devices.base import Device, DeviceNode
 from gpu_share.devices.dummy import DummyBackend
 from gpu_share.sharing.cdi import ENV_CDI_DEVICE_PREFIX
 from gpu_share.sharing.dra.cdi import claim_cdi_device_id, claim_cdi_spec, claim_spec_file_name
 from gpu_share.sharing.dra.claims import over_capacity, parse_claim
 from gpu_share.sharing.dra.reading import ClaimError, ClaimReason
 from gpu_share.sharing.inventory import Inventory
-from gpu_share.sharing.model import AllocateSpec, DeviceNodeSpec, DeviceShare, Mount
+from gpu_share.sharing.model import AllocateSpec, DeviceShare, Mount
 
 DRIVER = "gpu-share.vendor.com"
 NODE = "node-a"
@@ -304,7 +304,7 @@ def test_claim_cdi_spec() -> None:
     response = AllocateSpec(
         envs={"A": "1", "B": "x=y"},
         mounts=(Mount("/c", "/h", read_only=True), Mount("/w", "/hw", read_only=False)),
-        devices=(DeviceNodeSpec("/dev/x", "/dev/null"),),
+        devices=(DeviceNode("/dev/null", "/dev/x"),),
         annotations={"ignored": "yes"},
         cdi_devices=("vendor.com/gpu=ignored",),
     )

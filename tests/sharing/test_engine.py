@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from gpu_share.agent.response import build_allocate_spec
+from gpu_share.agent.response import build
 from gpu_share.config.model import DeviceListStrategy, EnforcementMode, RuntimeConfig
 from gpu_share.devices.base import DeviceNode, RuntimeNaming
 from gpu_share.errors import AllocationError, IdentityError
@@ -323,33 +323,33 @@ def _entry_for(mem: int, cores: int):  # type: ignore[no-untyped-def]
 
 def test_response_envvar_none() -> None:
     e = _entry_for(3, 30)
-    spec = build_allocate_spec(e, {d.uuid: d for d in devices()}, NAMING, RuntimeConfig(), 1024)
+    spec = build(e, ({d.uuid: d for d in devices()}).get, NAMING, RuntimeConfig(), 1024)
     dev = e.shares[0].device
     assert spec.envs["NVIDIA_VISIBLE_DEVICES"] == dev
     assert spec.envs["GPU_SHARE_MEMORY_LIMIT_MIB"] == "3072"
     assert spec.envs["GPU_SHARE_CORE_PERCENT"] == "30"
     assert spec.devices == () and spec.cdi_devices == ()
     assert '"cores":30' in spec.annotations["gpu-share.vendor.com/slice"]
-    again = build_allocate_spec(e, {d.uuid: d for d in devices()}, NAMING, RuntimeConfig(), 1024)
+    again = build(e, ({d.uuid: d for d in devices()}).get, NAMING, RuntimeConfig(), 1024)
     assert again == spec
 
 
 def test_response_memory_only_and_cores_only() -> None:
     devs = {d.uuid: d for d in devices()}
-    m = build_allocate_spec(
-        _entry_for(2, 0), devs, NAMING, RuntimeConfig(enforcement=EnforcementMode.MPS), 1024
+    m = build(
+        _entry_for(2, 0), devs.get, NAMING, RuntimeConfig(enforcement=EnforcementMode.MPS), 1024
     )
     assert "GPU_SHARE_CORE_PERCENT" not in m.envs
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in m.envs
     assert m.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=2048M"
     # Cores-only under an enforcing mode: refused (tests/agent/test_response_modes.py).
     with pytest.raises(AllocationError) as ex:
-        build_allocate_spec(
-            _entry_for(0, 40), devs, NAMING, RuntimeConfig(enforcement=EnforcementMode.HAMI_CORE),
-            1024,
+        build(
+            _entry_for(0, 40), devs.get, NAMING,
+            RuntimeConfig(enforcement=EnforcementMode.HAMI_CORE), 1024,
         )
     assert ex.value.reason == "MemoryRequired"
-    c = build_allocate_spec(_entry_for(0, 40), devs, NAMING, RuntimeConfig(), 1024)
+    c = build(_entry_for(0, 40), devs.get, NAMING, RuntimeConfig(), 1024)
     assert "GPU_SHARE_MEMORY_LIMIT_MIB" not in c.envs
     assert c.envs["GPU_SHARE_CORE_PERCENT"] == "40"
 
@@ -366,7 +366,7 @@ def test_response_strategies_and_device_specs() -> None:
         pass_device_specs=True,
         enforcement=EnforcementMode.HAMI_CORE,
     )
-    spec = build_allocate_spec(e, {d.uuid: d for d in devices()}, NAMING, rt, 1024)
+    spec = build(e, ({d.uuid: d for d in devices()}).get, NAMING, rt, 1024)
     assert spec.envs["NVIDIA_VISIBLE_DEVICES"] == "/var/run/nvidia-container-devices"
     paths = {m.container_path: m for m in spec.mounts}
     assert paths[f"/var/run/nvidia-container-devices/{dev}"].host_path == "/dev/null"
@@ -380,9 +380,9 @@ def test_response_strategies_and_device_specs() -> None:
 
 def test_response_exclusive_two_devices_mps() -> None:
     e = _entry_for(3, 200)
-    spec = build_allocate_spec(
+    spec = build(
         e,
-        {d.uuid: d for d in devices()},
+        ({d.uuid: d for d in devices()}).get,
         NAMING,
         RuntimeConfig(enforcement=EnforcementMode.MPS),
         1024,

@@ -31,11 +31,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from gpu_share.config.model import DeviceListStrategy, EnforcementMode, RuntimeConfig
-from gpu_share.devices.base import Device, RuntimeNaming
+from gpu_share.devices.base import Device, DeviceNode, RuntimeNaming
 from gpu_share.errors import AllocationError, AllocationReason
 from gpu_share.sharing.cdi import memory_limits_hook
 from gpu_share.sharing.inventory import Inventory
-from gpu_share.sharing.model import AllocateSpec, DeviceNodeSpec, DeviceShare, Hook, Mount
+from gpu_share.sharing.model import AllocateSpec, DeviceShare, Hook, Mount
 from gpu_share.sharing.node.ledger import LedgerEntry
 from gpu_share.sharing.node.limits import check_enforceable, core_percent, host_dir_key, memory_mib
 
@@ -59,7 +59,7 @@ class _Out:
 
     envs: dict[str, str] = field(default_factory=dict)
     mounts: list[Mount] = field(default_factory=list)
-    nodes: list[DeviceNodeSpec] = field(default_factory=list)
+    nodes: list[DeviceNode] = field(default_factory=list)
     annotations: dict[str, str] = field(default_factory=dict)
     cdi: list[str] = field(default_factory=list)
     hooks: list[Hook] = field(default_factory=list)
@@ -202,7 +202,7 @@ def _device_specs(out: _Out, naming: RuntimeNaming, devices: list[Device]) -> No
     for n in [*naming.shared_nodes, *(n for d in devices for n in d.nodes)]:
         if n.container_path not in seen:
             seen.add(n.container_path)
-            out.nodes.append(DeviceNodeSpec(n.container_path, n.host_path, n.permissions))
+            out.nodes.append(n)
 
 
 def _slice_annotation(
@@ -283,25 +283,6 @@ def build(
         annotations=dict(sorted(out.annotations.items())),
         cdi_devices=tuple(out.cdi),
         hooks=tuple(out.hooks),
-    )
-
-
-def build_allocate_spec(
-    entry: LedgerEntry,
-    devices: Mapping[str, Device],
-    naming: RuntimeNaming,
-    runtime: RuntimeConfig,
-    unit_mib: int,
-    annotation_prefix: str | None = None,
-    *,
-    hami_cache_host_dir: str | None = None,
-    memory_cap_mib: int | None = None,
-    memory_resource: str = "memory units",
-) -> AllocateSpec:
-    """``build`` over a fixed table (uuid -> Device); for tests and tools."""
-    return build(
-        entry, devices.get, naming, runtime, unit_mib, annotation_prefix,
-        hami_cache_host_dir=hami_cache_host_dir, memory_resource=memory_resource,
     )
 
 

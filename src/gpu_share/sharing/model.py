@@ -12,6 +12,8 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Generic, TypeVar
 
+from gpu_share.devices.base import DeviceNode
+
 T = TypeVar("T")
 U = TypeVar("U")
 
@@ -197,13 +199,6 @@ class Mount:
 
 
 @dataclass(frozen=True)
-class DeviceNodeSpec:
-    container_path: str
-    host_path: str
-    permissions: str = "rw"
-
-
-@dataclass(frozen=True)
 class Hook:
     """An OCI hook a CDI spec asks the runtime to run (``createRuntime``: in the runtime
     namespace, the container's cgroup made, its process not started)."""
@@ -221,7 +216,7 @@ class AllocateSpec:
 
     envs: Mapping[str, str] = field(default_factory=dict)
     mounts: tuple[Mount, ...] = ()
-    devices: tuple[DeviceNodeSpec, ...] = ()
+    devices: tuple[DeviceNode, ...] = ()
     annotations: Mapping[str, str] = field(default_factory=dict)
     cdi_devices: tuple[str, ...] = ()  # fully qualified CDI names, "<kind>=<name>"
     hooks: tuple[Hook, ...] = ()
