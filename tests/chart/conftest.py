@@ -9,7 +9,10 @@ from __future__ import annotations
 import functools
 import json
 import re
+import socket
+import ssl
 import subprocess
+import threading
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -196,3 +199,37 @@ def render_notes(
     (cm,) = [d for d in yaml.safe_load_all(proc.stdout) if d]
     notes: str = cm["data"]["notes"]
     return notes
+
+
+def tls_handshake(sctx: ssl.SSLContext, cctx: ssl.SSLContext, hostname: str) -> str:
+    """One TLS connection over loopback from a client with context ``cctx`` (naming
+    ``hostname``) to a server with context ``sctx``; "ok" or the errors (client or server
+    side)."""
+    errors: list[str] = []
+    with socket.create_server(("127.0.0.1", 0)) as lsock:
+        lsock.settimeout(10)
+        port = lsock.getsockname()[1]
+
+        def serve() -> None:
+            try:
+                conn, _ = lsock.accept()
+                conn.settimeout(10)
+                with sctx.wrap_socket(conn, server_side=True) as tls:
+                    tls.sendall(b"ok")
+            except (OSError, ssl.SSLError) as exc:
+                errors.append(f"server: {exc}")
+
+        t = threading.Thread(target=serve, daemon=True)
+        t.start()
+        try:
+            with (
+                socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+                cctx.wrap_socket(raw, server_hostname=hostname) as tls,
+            ):
+                got = tls.recv(2)
+                if got != b"ok":
+                    errors.append(f"client: read {got!r}")
+        except (OSError, ssl.SSLError) as exc:
+            errors.append(f"client: {exc}")
+        t.join(15)
+    return "ok" if not errors else "; ".join(errors)

@@ -5,9 +5,7 @@ generated certificates tried in a real TLS handshake over loopback."""
 from __future__ import annotations
 
 import base64
-import socket
 import ssl
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +31,7 @@ from tests.chart.conftest import (
     render,
     render_error,
     render_notes,
+    tls_handshake,
 )
 
 SCHED = ["scheduler.enabled=true"]
@@ -272,39 +271,12 @@ def _binary_plan(args: list[str], mounts: dict[str, Path]) -> Any:
 def _handshake(
     sctx: ssl.SSLContext, client: dict[str, str] | None, ca: str, hostname: str
 ) -> str:
-    """One TLS connection over loopback to a server with context ``sctx``; returns "ok"
-    or the errors (client or server side)."""
+    """One TLS connection over loopback to a server with context ``sctx``, the client
+    trusting ``ca`` and presenting ``client``'s certificate if given; "ok" or the errors."""
     cctx = ssl.create_default_context(cafile=ca)
     if client is not None:
         cctx.load_cert_chain(client["tls.crt"], client["tls.key"])
-    errors: list[str] = []
-    with socket.create_server(("127.0.0.1", 0)) as lsock:
-        lsock.settimeout(10)
-        port = lsock.getsockname()[1]
-
-        def serve() -> None:
-            try:
-                conn, _ = lsock.accept()
-                conn.settimeout(10)
-                with sctx.wrap_socket(conn, server_side=True) as tls:
-                    tls.sendall(b"ok")
-            except (OSError, ssl.SSLError) as exc:
-                errors.append(f"server: {exc}")
-
-        t = threading.Thread(target=serve, daemon=True)
-        t.start()
-        try:
-            with (
-                socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
-                cctx.wrap_socket(raw, server_hostname=hostname) as tls,
-            ):
-                got = tls.recv(2)
-                if got != b"ok":
-                    errors.append(f"client: read {got!r}")
-        except (OSError, ssl.SSLError) as exc:
-            errors.append(f"client: {exc}")
-        t.join(15)
-    return "ok" if not errors else "; ".join(errors)
+    return tls_handshake(sctx, cctx, hostname)
 
 
 def test_rendered_flags_make_the_binary_require_client_certificates(tmp_path: Path) -> None:

@@ -12,10 +12,8 @@ import base64
 import functools
 import json
 import shutil
-import socket
 import ssl
 import subprocess
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +35,7 @@ from tests.chart.conftest import (
     one,
     render,
     render_error,
+    tls_handshake,
 )
 
 DRA = "agentConfig.dra.enabled=true"
@@ -323,34 +322,7 @@ def test_network_policy_opens_only_the_webhook_port() -> None:
 def _handshake(sctx: ssl.SSLContext, ca: bytes, hostname: str) -> str:
     """One TLS connection over loopback, verified as the API server does (caBundle,
     server name); "ok" or the error."""
-    cctx = ssl.create_default_context(cadata=ca.decode())
-    errors: list[str] = []
-    with socket.create_server(("127.0.0.1", 0)) as lsock:
-        lsock.settimeout(10)
-        port = lsock.getsockname()[1]
-
-        def serve() -> None:
-            try:
-                conn, _ = lsock.accept()
-                conn.settimeout(10)
-                with sctx.wrap_socket(conn, server_side=True) as tls:
-                    tls.sendall(b"ok")
-            except (OSError, ssl.SSLError) as exc:
-                errors.append(f"server: {exc}")
-
-        t = threading.Thread(target=serve, daemon=True)
-        t.start()
-        try:
-            with (
-                socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
-                cctx.wrap_socket(raw, server_hostname=hostname) as tls,
-            ):
-                if tls.recv(2) != b"ok":
-                    errors.append("client: no greeting")
-        except (OSError, ssl.SSLError) as exc:
-            errors.append(f"client: {exc}")
-        t.join(15)
-    return "ok" if not errors else "; ".join(errors)
+    return tls_handshake(sctx, ssl.create_default_context(cadata=ca.decode()), hostname)
 
 
 def _serving(tmp: Path, objs: list[dict[str, Any]]) -> ssl.SSLContext:

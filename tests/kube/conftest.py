@@ -27,6 +27,29 @@ from testkit.harness import K8S_VERSION
 
 START_TIMEOUT_S = 90.0
 
+# A one-context kubeconfig with a token user, ``{port}`` its server's port (and token).
+KUBECONFIG = """
+apiVersion: v1
+kind: Config
+clusters:
+- name: c
+  cluster: {{server: "https://127.0.0.1:{port}", insecure-skip-tls-verify: true}}
+users:
+- name: u
+  user: {{token: "tok-{port}"}}
+contexts:
+- name: ctx
+  context: {{cluster: c, user: u}}
+current-context: ctx
+"""
+
+
+def write_kubeconfig(tmp_path: Path, port: int, text: str = KUBECONFIG) -> str:
+    """``text`` for ``port`` written under ``tmp_path``; its path."""
+    p = tmp_path / f"kc-{port}"
+    p.write_text(text.format(port=port))
+    return str(p)
+
 
 def _cache() -> Path:
     return Path(os.environ.get("GPU_SHARE_CACHE", str(Path.home() / ".cache" / "gpu-share")))

@@ -6,32 +6,12 @@ import pytest
 
 from gpu_share.errors import KubeAccessError
 from gpu_share.kube.client import make_api_client
-
-KUBECONFIG = """
-apiVersion: v1
-kind: Config
-clusters:
-- name: c
-  cluster: {{server: "https://127.0.0.1:{port}", insecure-skip-tls-verify: true}}
-users:
-- name: u
-  user: {{token: "tok-{port}"}}
-contexts:
-- name: ctx
-  context: {{cluster: c, user: u}}
-current-context: ctx
-"""
+from tests.kube.conftest import write_kubeconfig
 
 
 def auth_header(api: object) -> str | None:
     settings = api.configuration.auth_settings()  # type: ignore[attr-defined]
     return next((v["value"] for v in settings.values() if v["key"] == "authorization"), None)
-
-
-def write_kubeconfig(tmp_path: Path, port: int) -> str:
-    p = tmp_path / f"kc-{port}"
-    p.write_text(KUBECONFIG.format(port=port))
-    return str(p)
 
 
 def test_explicit_kubeconfig_wins(tmp_path: Path) -> None:

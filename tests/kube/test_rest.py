@@ -25,28 +25,7 @@ from gpu_share.kube.rest import (
     load_rest_config,
     make_rest_client,
 )
-
-KUBECONFIG = """
-apiVersion: v1
-kind: Config
-clusters:
-- name: c
-  cluster: {{server: "https://127.0.0.1:{port}", insecure-skip-tls-verify: true}}
-users:
-- name: u
-  user: {{token: "tok-{port}"}}
-contexts:
-- name: ctx
-  context: {{cluster: c, user: u}}
-current-context: ctx
-"""
-
-
-def write_kubeconfig(tmp_path: Path, port: int, text: str = KUBECONFIG) -> str:
-    p = tmp_path / f"kc-{port}"
-    p.write_text(text.format(port=port))
-    return str(p)
-
+from tests.kube.conftest import KUBECONFIG, write_kubeconfig
 
 # ---------------------------------------------------------------- configuration
 
