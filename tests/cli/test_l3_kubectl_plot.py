@@ -24,10 +24,8 @@ from gpu_share.cli import kubectl_plot as kplot
 from gpu_share.cli import kubectl_plugin as kp
 from gpu_share.cli.kubectl_snapshot import Settings
 from gpu_share.kube.client import make_api_client
-from gpu_share.kube.rest import ApiError, RestClient
-from gpu_share.kube.rest_config import kubeconfig_config
 from gpu_share.sharing.annotations import InventoryAnnotation, inventory_key
-from tests.cli.test_l3_kubectl_plugin import _kubeconfig, _reader_token
+from tests.cli.test_l3_kubectl_plugin import reader_kubeconfig, remove_fleet
 from tests.cli.test_plot import _parsed, cell_colours, fleet_objects, read_png
 
 pytestmark = pytest.mark.apiserver
@@ -60,40 +58,13 @@ def fleet(apiserver: ApiServer, tmp_path_factory: pytest.TempPathFactory
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(make_node, nodes))
         list(pool.map(make_pod, pods))
-    token = _reader_token(core, rbac, ns, tag)
-    kc = _kubeconfig(apiserver, token, ns, tmp_path_factory.mktemp("kgp") / "config")
-    reader = RestClient(kubeconfig_config(kc, "reader"))
-    deadline = time.monotonic() + 15
-    while True:  # RBAC reaches the authorizer's cache a moment later
-        try:
-            reader.get("list nodes", "/api/v1/nodes", {"limit": 1})
-            break
-        except ApiError as e:
-            if e.status != 403 or time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
+    kc = reader_kubeconfig(
+        apiserver, core, rbac, ns, tag, tmp_path_factory.mktemp("kgp") / "config"
+    )
     try:
         yield kc, f"gpu-share-test/run={tag}", nodes
     finally:
-        core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
-        core.delete_namespace(ns)
-        with ThreadPoolExecutor(8) as pool:
-            list(pool.map(core.delete_node, [n["metadata"]["name"] for n in nodes]))
-        rbac.delete_cluster_role_binding(f"gs-reader-{tag}")
-        rbac.delete_cluster_role(f"gs-reader-{tag}")
-
-
-@pytest.fixture
-def requests(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
-    seen: list[tuple[str, str]] = []
-    send = RestClient._send
-
-    def counting(self: RestClient, op: str, method: str, url: str, *a: Any) -> Any:
-        seen.append((method, url))
-        return send(self, op, method, url, *a)
-
-    monkeypatch.setattr(RestClient, "_send", counting)
-    return seen
+        remove_fleet(core, rbac, ns, tag, [n["metadata"]["name"] for n in nodes])
 
 
 def test_plot_of_300_nodes_with_the_lists_of_nodes(

@@ -91,6 +91,36 @@ def _kubeconfig(apiserver: ApiServer, token: str, ns: str, path: Path) -> str:
     return str(path)
 
 
+def reader_kubeconfig(
+    apiserver: ApiServer, core: Any, rbac: Any, ns: str, tag: str, path: Path
+) -> str:
+    """A kubeconfig at ``path`` whose "reader" context is a service account of ``ns``
+    holding only get/list on nodes and pods (ClusterRole gs-reader-<tag>), returned once
+    the API server authorizes it."""
+    kc = _kubeconfig(apiserver, _reader_token(core, rbac, ns, tag), ns, path)
+    reader = RestClient(kubeconfig_config(kc, "reader"))
+    deadline = time.monotonic() + 15
+    while True:  # RBAC reaches the authorizer's cache a moment later
+        try:
+            reader.get("list nodes", "/api/v1/nodes", {"limit": 1})
+            return kc
+        except ApiError as e:
+            if e.status != 403 or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def remove_fleet(core: Any, rbac: Any, ns: str, tag: str, nodes: list[str]) -> None:
+    """Deletes what a fixture made: the pods and namespace ``ns``, the ``nodes``, the
+    reader's ClusterRole and binding."""
+    core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
+    core.delete_namespace(ns)
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(core.delete_node, nodes))
+    rbac.delete_cluster_role_binding(f"gs-reader-{tag}")
+    rbac.delete_cluster_role(f"gs-reader-{tag}")
+
+
 @pytest.fixture(scope="module")
 def env(apiserver: ApiServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     api = make_api_client(apiserver.kubeconfig)
@@ -128,41 +158,13 @@ def env(apiserver: ApiServer, tmp_path_factory: pytest.TempPathFactory) -> Itera
     pending = pod_obj("waiting", None, {"main": (8, 50)}, namespace=ns)
     pending["metadata"].pop("creationTimestamp")
     core.create_namespaced_pod(ns, pending)
-    token = _reader_token(core, rbac, ns, tag)
-    kc = _kubeconfig(apiserver, token, ns, tmp_path_factory.mktemp("kgs") / "config")
-    reader = RestClient(kubeconfig_config(kc, "reader"))
-    deadline = time.monotonic() + 15
-    while True:  # RBAC reaches the authorizer's cache a moment later
-        try:
-            reader.get("list nodes", "/api/v1/nodes", {"limit": 1})
-            break
-        except ApiError as e:
-            if e.status != 403 or time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
+    kc = reader_kubeconfig(
+        apiserver, core, rbac, ns, tag, tmp_path_factory.mktemp("kgs") / "config"
+    )
     try:
         yield Env(tag, ns, label, kc, core)
     finally:
-        core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
-        core.delete_namespace(ns)
-        with ThreadPoolExecutor(8) as pool:
-            list(pool.map(core.delete_node, names))
-        rbac.delete_cluster_role_binding(f"gs-reader-{tag}")
-        rbac.delete_cluster_role(f"gs-reader-{tag}")
-
-
-@pytest.fixture
-def requests(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
-    """Every request the plugin sends: (method, path with query)."""
-    seen: list[tuple[str, str]] = []
-    send = RestClient._send
-
-    def counting(self: RestClient, op: str, method: str, url: str, *a: Any) -> Any:
-        seen.append((method, url))
-        return send(self, op, method, url, *a)
-
-    monkeypatch.setattr(RestClient, "_send", counting)
-    return seen
+        remove_fleet(core, rbac, ns, tag, names)
 
 
 def run(env: Env, capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
