@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import socket
@@ -16,6 +17,7 @@ import pytest
 from gpu_share.extender.core import Extender, ExtenderSettings
 from gpu_share.extender.http import make_server
 from gpu_share.extender.ports import ClusterView
+from gpu_share.observability.http import BoundedServer
 from gpu_share.sharing.decision import decision_key, verify
 from gpu_share.sharing.model import (
     ContainerKind,
@@ -103,11 +105,18 @@ def served() -> Iterator[tuple[str, FakeView, FakeBinder]]:
         policy,
         clock=lambda: 1_700_000_000.0,
     )
-    server = make_server(ext, "127.0.0.1", 0)
+    with serving(make_server(ext, "127.0.0.1", 0)) as url:
+        yield url, view, binder
+
+
+@contextlib.contextmanager
+def serving(server: BoundedServer) -> Iterator[str]:
+    """``server`` serving in a thread (polling every 50 ms): its base URL; shut down and
+    closed afterwards."""
     t = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     t.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", view, binder
+        yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()
@@ -387,11 +396,7 @@ def test_healthz_names_a_stalled_cluster_view_loop() -> None:
         ExtenderSettings(ResourceNames(MEM, CORE), "vendor.com", KEY), view, FakeBinder(),
         lambda v: make_policy("fgd", v.workload()),
     )
-    server = make_server(ext, "127.0.0.1", 0, liveness=loops.check)
-    t = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    t.start()
-    url = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
+    with serving(make_server(ext, "127.0.0.1", 0, liveness=loops.check)) as url:
         for path in ("/healthz", "/readyz"):
             with urllib.request.urlopen(url + path, timeout=10) as r:
                 assert r.status == 200
@@ -401,7 +406,3 @@ def test_healthz_names_a_stalled_cluster_view_loop() -> None:
                 urllib.request.urlopen(url + path, timeout=10)
             assert info.value.code == 503
             assert "watch-pods" in json.loads(info.value.read())["status"]
-    finally:
-        server.shutdown()
-        server.server_close()
-        t.join(timeout=5)

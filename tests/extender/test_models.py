@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import threading
-import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -22,6 +19,7 @@ from gpu_share.sharing.placement import (
     make_policy,
 )
 from gpu_share.sharing.placement.pod_models import DEFAULT_MODEL_LABEL, models_key
+from tests.extender.test_http import post, serving
 
 KEY = b"secret-key-for-tests"
 MEM, CORE = "vendor.com/vcuda-memory", "vendor.com/vcuda-core"
@@ -82,23 +80,8 @@ def url() -> Iterator[str]:
     ext = Extender(
         ExtenderSettings(ResourceNames(MEM, CORE), "vendor.com", KEY), View(), Binder(), policy
     )
-    server = make_server(ext, "127.0.0.1", 0)
-    t = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    t.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        t.join(timeout=5)
-
-
-def post(url: str, body: object) -> Any:
-    req = urllib.request.Request(
-        url, json.dumps(body).encode(), {"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return json.loads(r.read())
+    with serving(make_server(ext, "127.0.0.1", 0)) as base:
+        yield base
 
 
 def kpod(mem: int, cores: int, ann: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
