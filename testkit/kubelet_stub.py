@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent import futures
 from pathlib import Path
 
@@ -32,6 +34,17 @@ from gpu_share.plugin.server import ServeOptions
 from gpu_share.sharing.model import AdvertisedDevice, PodResourcesView
 
 KUBELET_SOCKET = "kubelet.sock"
+
+
+@contextlib.contextmanager
+def socket_dir(prefix: str) -> Iterator[Path]:
+    """A fresh dir under /tmp (short: unix socket paths must stay under 108 bytes),
+    removed afterwards."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _target(path: Path) -> str:

@@ -12,7 +12,6 @@ import os
 import random
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +38,7 @@ from testkit.kubelet_stub import (
     KubeletStub,
     PluginClient,
     fast_plugin_settings,
+    socket_dir,
 )
 
 MEM = "vendor.com/vcuda-memory"
@@ -49,12 +49,9 @@ CORE = "vendor.com/vcuda-core"
 def scratch_dir(prefix: str = "gsa-") -> Iterator[Path]:
     """A fresh dir under /tmp (short: unix socket paths) with an empty ``dp`` (the
     kubelet's device-plugin dir), removed afterwards."""
-    d = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
-    try:
+    with socket_dir(prefix) as d:
         (d / "dp").mkdir()
         yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def hami_core_install(d: Path) -> dict[str, str]:

@@ -9,14 +9,13 @@ import os
 import shutil
 import signal
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from testkit.harness.env import REPO, loud_skip
-from testkit.kubelet_stub import KubeletStub
+from testkit.kubelet_stub import KubeletStub, socket_dir
 
 BUILD = REPO / "bench" / "agent" / "build-peer.sh"
 
@@ -38,11 +37,8 @@ def peer() -> Path:
 
 @pytest.fixture
 def sock_dir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="gsp-", dir="/tmp"))  # short: unix socket paths
-    try:
+    with socket_dir("gsp-") as path:  # short: unix socket paths
         yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def test_the_peer_registers_lists_and_allocates(peer: Path, sock_dir: Path) -> None:

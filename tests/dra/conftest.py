@@ -3,8 +3,6 @@ sockets in a short temp dir."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +18,7 @@ from gpu_share.dra.proto import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dr
 from gpu_share.dra.proto import pluginregistration_v1_pb2 as reg
 from gpu_share.dra.proto import pluginregistration_v1_pb2_grpc as reg_grpc
 from gpu_share.dra.server import DraPluginServer, DraServeOptions
+from testkit.kubelet_stub import socket_dir
 
 DRIVER = "gpu-share.vendor.com"
 FAST = DraServeOptions(watch_poll_s=0.05, stop_grace_s=0.2, stop_timeout_s=5.0)
@@ -153,11 +152,8 @@ class Kubelet:
 @pytest.fixture
 def sock_dir() -> Iterator[Path]:
     """A short temp dir: unix socket paths must stay under 108 bytes."""
-    path = Path(tempfile.mkdtemp(prefix="gsd-", dir="/tmp"))
-    try:
+    with socket_dir("gsd-") as path:
         yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

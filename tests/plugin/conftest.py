@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,7 +7,7 @@ import pytest
 
 from gpu_share.plugin.manager import PluginManager
 from testkit.fake_handler import FakeHandler
-from testkit.kubelet_stub import KubeletStub, fast_plugin_settings
+from testkit.kubelet_stub import KubeletStub, fast_plugin_settings, socket_dir
 
 FAST = fast_plugin_settings()
 
@@ -17,11 +15,8 @@ FAST = fast_plugin_settings()
 @pytest.fixture
 def sock_dir() -> Iterator[Path]:
     """A short temp dir: unix socket paths must stay under 108 bytes."""
-    path = Path(tempfile.mkdtemp(prefix="gs-", dir="/tmp"))
-    try:
+    with socket_dir("gs-") as path:
         yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
