@@ -168,15 +168,11 @@ tar_image_id() {
 
 import_image() {
   local tar="$1"
-  if ! bash "${HACK_DIR}/local-up-cluster.sh" status >/dev/null 2>&1; then
-    log "local cluster not up: not importing (run: hack/local-up-cluster.sh up)"
-    return 0
-  fi
+  cluster_up_for_import || return 0
   eval "$(bash "${HACK_DIR}/local-up-cluster.sh" env)"
   local want have
   want="sha256:$(tar_image_id "${tar}")"
-  have="$("${CONTAINERD_BIN_DIR}/ctr" --address "${CONTAINERD_ADDRESS}" -n k8s.io images ls "name==${IMAGE}" 2>/dev/null |
-    awk 'NR > 1 {print $3}' | head -1)"
+  have="$(cluster_image_target "${IMAGE}")"
   if [[ -n "${have}" ]] && "${CONTAINERD_BIN_DIR}/ctr" --address "${CONTAINERD_ADDRESS}" -n k8s.io content get "${have}" 2>/dev/null |
     grep -q "${want}"; then
     log "containerd already holds ${IMAGE} (${want:0:19})"

@@ -67,15 +67,11 @@ tar_manifest_digest() {
 
 import_image() {
   local tar="$1"
-  if ! bash "${HACK_DIR}/local-up-cluster.sh" status >/dev/null 2>&1; then
-    log "local cluster not up: not importing (run: hack/local-up-cluster.sh up)"
-    return 0
-  fi
+  cluster_up_for_import || return 0
   eval "$(bash "${HACK_DIR}/local-up-cluster.sh" env)"
   local want have
   want="$(tar_manifest_digest "${tar}")"
-  have="$("${CONTAINERD_BIN_DIR}/ctr" --address "${CONTAINERD_ADDRESS}" -n k8s.io images ls "name==${IMAGE}" 2>/dev/null |
-    awk 'NR > 1 {print $3}' | head -1)"
+  have="$(cluster_image_target "${IMAGE}")"
   if [[ "${have}" == "${want}" ]]; then
     log "containerd already holds ${IMAGE} (${want:0:19})"
     return 0

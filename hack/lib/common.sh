@@ -1,7 +1,8 @@
 # shellcheck shell=bash
 # hack/lib/common.sh - what the hack/ and bench/ scripts share: log/die, a background
-# command with progress lines, a bounded wait, the local cluster's lock and template
-# rendering. Source it after setting LOG_PREFIX (the tag of every log line).
+# command with progress lines, a bounded wait, the local cluster's lock, what importing
+# an image into it checks first, and template rendering. Source it after setting
+# LOG_PREFIX (the tag of every log line).
 
 # log MSG... : "[prefix HH:MM:SS] MSG" on stderr (stdout stays for a script's results).
 log() { echo "[${LOG_PREFIX:-hack} $(date +%H:%M:%S)] $*" >&2; }
@@ -70,6 +71,21 @@ take_cluster_lock() {
 release_cluster_lock() {
   flock -u 9 2>/dev/null || true
   exec 9>&-
+}
+
+# cluster_up_for_import : true when the local cluster runs (HACK_DIR: the caller's
+# hack/); else says that nothing is imported and returns 1.
+cluster_up_for_import() {
+  bash "${HACK_DIR}/local-up-cluster.sh" status >/dev/null 2>&1 && return 0
+  log "local cluster not up: not importing (run: hack/local-up-cluster.sh up)"
+  return 1
+}
+
+# cluster_image_target IMAGE : the target digest under which the local cluster's
+# containerd lists IMAGE (empty when it holds none); the cluster's env must be loaded.
+cluster_image_target() {
+  "${CONTAINERD_BIN_DIR}/ctr" --address "${CONTAINERD_ADDRESS}" -n k8s.io images ls "name==$1" 2>/dev/null |
+    awk 'NR > 1 {print $3}' | head -1
 }
 
 # render TEMPLATE : prints TEMPLATE with every ${NAME} replaced by the value of the shell
