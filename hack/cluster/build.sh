@@ -39,18 +39,37 @@ go_env() {
   command -v go >/dev/null || die "go not found in PATH"
 }
 
+# built_already DIR WHAT : true, saying so, when DIR holds a stamped build of WHAT.
+built_already() {
+  [[ -f "$1/.stamp" ]] || return 1
+  log "$2 already built in $1"
+}
+
+# prepare_build DIR : Go's environment and an empty DIR/bin.tmp to build into.
+prepare_build() {
+  go_env
+  mkdir -p "$1"
+  rm -rf "$1/bin.tmp"
+  mkdir -p "$1/bin.tmp"
+}
+
+# finish_build DIR WHAT START : DIR/bin.tmp becomes DIR/bin, stamped with the seconds
+# since START ($SECONDS when the build began).
+finish_build() {
+  rm -rf "${1:?}/bin"
+  mv "$1/bin.tmp" "$1/bin"
+  echo "built $(date -u +%FT%TZ) in $(( SECONDS - $3 ))s" >"$1/.stamp"
+  log "$2 binaries in $1/bin: $(find "$1/bin" -maxdepth 1 -type f -printf '%f ')"
+}
+
 # The Kubernetes build takes tens of minutes on 2 cores: a progress line a minute.
 PROGRESS_EVERY=60
 build_k8s() {
   local dir; dir="$(k8s_dir)"
-  if [[ -f "${dir}/.stamp" ]]; then
-    log "Kubernetes ${K8S_VERSION} already built in ${dir}"
+  if built_already "${dir}" "Kubernetes ${K8S_VERSION}"; then
     return 0
   fi
-  go_env
-  mkdir -p "${dir}"
-  rm -rf "${dir}/bin.tmp"
-  mkdir -p "${dir}/bin.tmp"
+  prepare_build "${dir}"
   local minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
   local ld="-s -w"
   local p
@@ -71,32 +90,22 @@ build_k8s() {
       k8s.io/kubernetes/cmd/kubectl \
       k8s.io/kubernetes/test/images/sample-device-plugin' \
     "${HACK_DIR}/k8s" "${ld}" "${dir}/bin.tmp/"
-  rm -rf "${dir:?}/bin"
-  mv "${dir}/bin.tmp" "${dir}/bin"
-  echo "built $(date -u +%FT%TZ) in $(( SECONDS - start ))s" >"${dir}/.stamp"
-  log "Kubernetes binaries in ${dir}/bin: $(find "${dir}/bin" -maxdepth 1 -type f -printf '%f ')"
+  finish_build "${dir}" Kubernetes "${start}"
 }
 
 build_etcd() {
   local dir; dir="$(etcd_dir)"
-  if [[ -f "${dir}/.stamp" ]]; then
-    log "etcd ${ETCD_VERSION} already built in ${dir}"
+  if built_already "${dir}" "etcd ${ETCD_VERSION}"; then
     return 0
   fi
-  go_env
-  mkdir -p "${dir}"
-  rm -rf "${dir}/bin.tmp"
-  mkdir -p "${dir}/bin.tmp"
+  prepare_build "${dir}"
   local start=$SECONDS
   # shellcheck disable=SC2016 # the inner script expands its own positional parameters
   run_with_progress "building etcd ${ETCD_VERSION}" "${dir}/build.log" \
     bash -c 'cd "$0" && exec go build -v -trimpath -ldflags="-s -w" -o "$1" \
       . go.etcd.io/etcd/etcdctl/v3' \
     "${HACK_DIR}/etcd" "${dir}/bin.tmp/"
-  rm -rf "${dir:?}/bin"
-  mv "${dir}/bin.tmp" "${dir}/bin"
-  echo "built $(date -u +%FT%TZ) in $(( SECONDS - start ))s" >"${dir}/.stamp"
-  log "etcd binaries in ${dir}/bin: $(find "${dir}/bin" -maxdepth 1 -type f -printf '%f ')"
+  finish_build "${dir}" etcd "${start}"
 }
 
 # Built inside the published module itself (downloaded into the module cache), so its
@@ -106,14 +115,10 @@ build_etcd() {
 # containerd's own static shim build does.
 build_containerd() {
   local dir; dir="$(containerd_dir)"
-  if [[ -f "${dir}/.stamp" ]]; then
-    log "containerd ${CONTAINERD_VERSION} already built in ${dir}"
+  if built_already "${dir}" "containerd ${CONTAINERD_VERSION}"; then
     return 0
   fi
-  go_env
-  mkdir -p "${dir}"
-  rm -rf "${dir}/bin.tmp"
-  mkdir -p "${dir}/bin.tmp"
+  prepare_build "${dir}"
   local m=github.com/containerd/containerd src
   src="$(go mod download -json "${m}@${CONTAINERD_VERSION}" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$/\1/p')"
   [[ -n "${src}" && -f "${src}/go.mod" ]] || die "could not download ${m}@${CONTAINERD_VERSION}"
@@ -124,10 +129,7 @@ build_containerd() {
     bash -c 'cd "$0" && exec go build -v -trimpath -ldflags="$1" -o "$2" \
       ./cmd/containerd ./cmd/containerd-shim-runc-v2 ./cmd/ctr' \
     "${src}" "${ld}" "${dir}/bin.tmp/"
-  rm -rf "${dir:?}/bin"
-  mv "${dir}/bin.tmp" "${dir}/bin"
-  echo "built $(date -u +%FT%TZ) in $(( SECONDS - start ))s" >"${dir}/.stamp"
-  log "containerd binaries in ${dir}/bin: $(find "${dir}/bin" -maxdepth 1 -type f -printf '%f ')"
+  finish_build "${dir}" containerd "${start}"
 }
 
 case "${1:-all}" in
