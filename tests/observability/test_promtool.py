@@ -34,6 +34,7 @@ from gpu_share.extender.core import Extender, ExtenderSettings
 from gpu_share.extender.http import make_server
 from gpu_share.observability.http import READY_METRIC, start_http
 from gpu_share.observability.metrics import ExtenderMetrics, Metrics
+from gpu_share.observability.prom import Registry
 from gpu_share.sharing.model import ResourceNames
 from gpu_share.sharing.placement import make_policy
 from testkit.harness.env import REQUIRE_CLUSTER
@@ -163,11 +164,10 @@ def test_live_agent_metrics_pass_promtool_check_metrics(promtool: str) -> None:
     check_metrics(promtool, body)
 
 
-def test_every_agent_family_with_series_passes_promtool(promtool: str) -> None:
-    """Each family of Metrics with a series (what a live scrape may not have reached:
-    ledger quarantine, loop errors, ...), served by the agent's endpoint."""
-    m = Metrics()
-    for family in m.registry.families():
+def give_every_family_a_series(registry: Registry) -> None:
+    """One series in each family of ``registry`` (labels "<name>-x"): observed once if
+    it is a histogram, else incremented."""
+    for family in registry.families():
         series: Any = family
         if family.labelnames:
             series = family.labels(*(f"{n}-x" for n in family.labelnames))
@@ -175,6 +175,13 @@ def test_every_agent_family_with_series_passes_promtool(promtool: str) -> None:
             series.observe(0.003)
         else:
             series.inc()
+
+
+def test_every_agent_family_with_series_passes_promtool(promtool: str) -> None:
+    """Each family of Metrics with a series (what a live scrape may not have reached:
+    ledger quarantine, loop errors, ...), served by the agent's endpoint."""
+    m = Metrics()
+    give_every_family_a_series(m.registry)
     handle = start_http(m.registry, bind_address="127.0.0.1", port=0, readiness=lambda: False)
     try:
         body = _get(f"http://127.0.0.1:{handle.port}/metrics")
@@ -247,14 +254,7 @@ def test_live_extender_metrics_pass_promtool_check_metrics(promtool: str) -> Non
 
 def test_every_extender_family_with_series_passes_promtool(promtool: str) -> None:
     m = ExtenderMetrics()
-    for family in m.registry.families():
-        series: Any = family
-        if family.labelnames:
-            series = family.labels(*(f"{n}-x" for n in family.labelnames))
-        if hasattr(series, "observe"):
-            series.observe(0.003)
-        else:
-            series.inc()
+    give_every_family_a_series(m.registry)
     handle = start_http(m.registry, bind_address="127.0.0.1", port=0)
     try:
         body = _get(f"http://127.0.0.1:{handle.port}/metrics")
