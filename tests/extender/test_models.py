@@ -135,19 +135,10 @@ def test_malformed_models_annotation_is_an_error_not_a_crash(url: str) -> None:
 
 
 def test_cluster_view_names_models_by_label_and_counts_requirements() -> None:
-    from kubernetes import client as k8s  # the test may import it; the package may not
-
-    from gpu_share.kube.cluster_view import KubeClusterView
     from gpu_share.sharing.annotations import InventoryAnnotation, InventoryDevice, inventory_key
+    from tests.kube.test_cluster_view_cache import new_view  # the same KEY, MEM and CORE
 
-    view = KubeClusterView(
-        k8s.ApiClient(),  # never called: events are applied by hand
-        domain="vendor.com",
-        memory_resource=MEM,
-        core_resource=CORE,
-        default_workload=Workload([Shape(4, 30, 1.0)]),
-        decision_key=KEY,
-    )
+    view = new_view()
 
     def knode(name: str, labels: dict[str, str]) -> dict[str, Any]:
         dev = InventoryDevice(f"{name}-0", 0, "Tesla T4", 16, 0, 100, 0, True, 0)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import copy
 import random
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
@@ -32,7 +33,8 @@ class Clock:
         return self.t
 
 
-def new_view(clock: Clock) -> KubeClusterView:
+def new_view(clock: Callable[[], float] = time.monotonic) -> KubeClusterView:
+    """The view of node/pod events applied by hand (``_apply``): its API is never called."""
     return KubeClusterView(
         k8s.ApiClient(),  # never called: events are applied by hand
         domain="vendor.com",
