@@ -261,6 +261,22 @@ def run(args: argparse.Namespace) -> int:
     next_kubelet += args.kubelet_restart_every
     pid: int | None = None
     rc = 0
+
+    def row(s: Sample, running: int) -> tuple[object, ...]:
+        """The CSV row (FIELDS) of sample ``s`` with ``running`` soak pods."""
+        return (
+            s.t_s,
+            s.pid,
+            s.rss_kib,
+            s.threads,
+            s.fds,
+            running,
+            churn.created,
+            churn.refused,
+            restarts["agent"],
+            restarts["kubelet"],
+        )
+
     with open(args.csv, "w", newline="") as fh:
         out = csv.writer(fh)
         out.writerow(FIELDS)
@@ -287,20 +303,7 @@ def run(args: argparse.Namespace) -> int:
                         running = sum(
                             1 for p in kube.pods(NS) if p["status"].get("phase") == "Running"
                         )
-                        out.writerow(
-                            (
-                                s.t_s,
-                                s.pid,
-                                s.rss_kib,
-                                s.threads,
-                                s.fds,
-                                running,
-                                churn.created,
-                                churn.refused,
-                                restarts["agent"],
-                                restarts["kubelet"],
-                            )
-                        )
+                        out.writerow(row(s, running))
                         fh.flush()
                         _log(
                             f"rss {s.rss_kib} KiB threads {s.threads} fds {s.fds} "
@@ -324,20 +327,7 @@ def run(args: argparse.Namespace) -> int:
             s, pid = _sample(kube, None, t0)
             if s is not None:
                 samples.append(s)
-                out.writerow(
-                    (
-                        s.t_s,
-                        s.pid,
-                        s.rss_kib,
-                        s.threads,
-                        s.fds,
-                        0,
-                        churn.created,
-                        churn.refused,
-                        restarts["agent"],
-                        restarts["kubelet"],
-                    )
-                )
+                out.writerow(row(s, 0))
     try:
         assert_consistent(kube, timeout=120)
         audit = "clean"
