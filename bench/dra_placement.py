@@ -51,6 +51,7 @@ import yaml
 
 from bench import dra_stream as ds
 from bench.replay import trace
+from testkit.process import stop_process
 
 GROUP, VERSION = "resource.k8s.io", "v1"
 KEY = b"dra-placement-bench-key-0123456789"
@@ -382,12 +383,7 @@ def dra_scheduler(env: Env, binary: Path, name: str) -> Iterator[subprocess.Pope
         wait_started(proc, log_path)
         yield proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop_process(proc, grace_s=10, kill_wait_s=10)
 
 
 # ---------------------------------------------------------------- the two paths

@@ -4,13 +4,14 @@ backend), for the cluster-level tests."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
 import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
+
+from testkit.process import stop_process
 
 
 def agent_argv(
@@ -98,13 +99,8 @@ class HostAgent:
             time.sleep(0.2)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        if self.proc is not None:
+            stop_process(self.proc, grace_s=20, kill_wait_s=5)
 
     def log(self) -> str:
         return (self.workdir / "agent.log").read_text(errors="replace")[-4000:]

@@ -48,6 +48,7 @@ from bench.agent.stats import (
 )
 from testkit.harness import cluster_info, wait_until
 from testkit.host_agent import agent_argv
+from testkit.process import stop_process
 
 MEM = "vendor.com/vcuda-memory"
 PEER_RESOURCE = "example.com/resource"
@@ -387,12 +388,7 @@ def run_round(
             spy.send_signal(signal.SIGINT)
             spy.wait(30)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        stop_process(proc, grace_s=15, kill_wait_s=5)
         out.close()
     return res
 

@@ -26,6 +26,7 @@ import yaml
 from bench.scale import model
 from gpu_share.kube.rest import MERGE_PATCH
 from gpu_share.sharing.placement import NodeSlots
+from testkit.process import stop_process
 from testkit.scheduler import extender_entry
 
 REPO = Path(__file__).resolve().parents[2]
@@ -56,13 +57,7 @@ def wait_for(what: str, check: Callable[[], bool], timeout: float, every: float 
 
 
 def _stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
-    if proc.poll() is None:
-        proc.send_signal(sig)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+    stop_process(proc, grace_s=15, kill_wait_s=10, sig=sig)
 
 
 # ---------------------------------------------------------------- kwok

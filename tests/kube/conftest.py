@@ -24,6 +24,7 @@ import pytest
 from kube_fakes import ApiServer, stop_fake_servers
 
 from testkit.harness import K8S_VERSION
+from testkit.process import stop_process
 
 START_TIMEOUT_S = 90.0
 
@@ -142,13 +143,7 @@ def _wait_http(
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=15)
+    stop_process(proc, grace_s=15, kill_wait_s=15)
 
 
 @pytest.fixture(autouse=True)
