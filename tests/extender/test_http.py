@@ -16,7 +16,7 @@ import pytest
 
 from gpu_share.extender.core import Extender, ExtenderSettings
 from gpu_share.extender.http import make_server
-from gpu_share.extender.ports import ClusterView
+from gpu_share.extender.ports import Binder, ClusterView
 from gpu_share.observability.http import BoundedServer
 from gpu_share.sharing.decision import decision_key, verify
 from gpu_share.sharing.model import (
@@ -91,20 +91,23 @@ def kpod(mem: int, cores: int, uid: str = "uid-1") -> dict[str, Any]:
     }
 
 
-@pytest.fixture
-def served() -> Iterator[tuple[str, FakeView, FakeBinder]]:
-    view, binder = FakeView(), FakeBinder()
-
-    def policy(v: ClusterView) -> Any:
-        return make_policy("fgd", v.workload())
-
-    ext = Extender(
+def fgd_extender(view: ClusterView, binder: Binder, **kw: Any) -> Extender:
+    """The extender of these tests (vendor.com resources, KEY) on ``view`` and ``binder``,
+    placing with the fgd policy over the view's workload; ``kw``: Extender's clock and
+    on_bind."""
+    return Extender(
         ExtenderSettings(ResourceNames(MEM, CORE), "vendor.com", KEY),
         view,
         binder,
-        policy,
-        clock=lambda: 1_700_000_000.0,
+        lambda v: make_policy("fgd", v.workload()),
+        **kw,
     )
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[str, FakeView, FakeBinder]]:
+    view, binder = FakeView(), FakeBinder()
+    ext = fgd_extender(view, binder, clock=lambda: 1_700_000_000.0)
     with serving(make_server(ext, "127.0.0.1", 0)) as url:
         yield url, view, binder
 
@@ -392,10 +395,7 @@ def test_healthz_names_a_stalled_cluster_view_loop() -> None:
     loops = LoopSupervisor(clock=lambda: now[0])
     loops.register("watch-pods", max_age_s=60.0)
     view = FakeView()
-    ext = Extender(
-        ExtenderSettings(ResourceNames(MEM, CORE), "vendor.com", KEY), view, FakeBinder(),
-        lambda v: make_policy("fgd", v.workload()),
-    )
+    ext = fgd_extender(view, FakeBinder())
     with serving(make_server(ext, "127.0.0.1", 0, liveness=loops.check)) as url:
         for path in ("/healthz", "/readyz"):
             with urllib.request.urlopen(url + path, timeout=10) as r:

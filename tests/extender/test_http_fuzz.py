@@ -14,13 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpu_share.extender.core import Extender, ExtenderSettings
 from gpu_share.extender.http import make_server
 from gpu_share.observability.http import BoundedServer
 from gpu_share.observability.metrics import ExtenderMetrics
-from gpu_share.sharing.model import ResourceNames
-from gpu_share.sharing.placement import make_policy
-from tests.extender.test_http import CORE, KEY, MEM, FakeBinder, FakeView, kpod
+from tests.extender.test_http import CORE, MEM, FakeBinder, FakeView, fgd_extender, kpod
 
 FUZZ = settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -32,13 +29,7 @@ MAX_ERROR = 512  # bytes of an error answer
 @pytest.fixture(scope="module")
 def server() -> Iterator[BoundedServer]:
     view, binder, metrics = FakeView(), FakeBinder(), ExtenderMetrics()
-    ext = Extender(
-        ExtenderSettings(ResourceNames(MEM, CORE), "vendor.com", KEY),
-        view,
-        binder,
-        lambda v: make_policy("fgd", v.workload()),
-        clock=lambda: 1_700_000_000.0,
-    )
+    ext = fgd_extender(view, binder, clock=lambda: 1_700_000_000.0)
     srv = make_server(ext, "127.0.0.1", 0, metrics=metrics)
     srv.metrics = metrics  # type: ignore[attr-defined]
     t = srv.start()

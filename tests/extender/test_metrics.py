@@ -17,7 +17,6 @@ import pytest
 from kubernetes import client as k8s
 
 from gpu_share.cli import extender_main
-from gpu_share.extender.core import Extender, ExtenderSettings
 from gpu_share.extender.http import make_server
 from gpu_share.kube.cluster_view import KubeClusterView
 from gpu_share.observability.http import AGENT_LIMITS, BoundedServer, start_http
@@ -29,9 +28,17 @@ from gpu_share.observability.metrics import (
     ExtenderMetrics,
 )
 from gpu_share.observability.prom import CONTENT_TYPE
-from gpu_share.sharing.model import ResourceNames
-from gpu_share.sharing.placement import Shape, Workload, make_policy
-from tests.extender.test_http import CORE, KEY, MEM, FakeBinder, FakeView, kpod, post_raw
+from gpu_share.sharing.placement import Shape, Workload
+from tests.extender.test_http import (
+    CORE,
+    KEY,
+    MEM,
+    FakeBinder,
+    FakeView,
+    fgd_extender,
+    kpod,
+    post_raw,
+)
 
 Served = tuple[str, ExtenderMetrics, FakeView, FakeBinder]
 
@@ -46,10 +53,8 @@ class FailingBinder(FakeBinder):
 def _serve(binder: FakeBinder | None = None) -> tuple[BoundedServer, ExtenderMetrics, FakeView,
                                                       FakeBinder]:
     metrics, view, binder = ExtenderMetrics(), FakeView(), binder or FakeBinder()
-    ext = Extender(
-        ExtenderSettings(ResourceNames(MEM, CORE), "vendor.com", KEY), view, binder,
-        lambda v: make_policy("fgd", v.workload()), clock=lambda: 1_700_000_000.0,
-        on_bind=metrics.observe_bind,
+    ext = fgd_extender(
+        view, binder, clock=lambda: 1_700_000_000.0, on_bind=metrics.observe_bind
     )
     return make_server(ext, "127.0.0.1", 0, metrics=metrics), metrics, view, binder
 

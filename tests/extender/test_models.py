@@ -7,19 +7,15 @@ from typing import Any
 
 import pytest
 
-from gpu_share.extender.core import Extender, ExtenderSettings
-from gpu_share.extender.ports import ClusterView
-from gpu_share.sharing.model import ResourceNames
 from gpu_share.sharing.placement import (
     DeviceSlot,
     ModelReq,
     NodeSlots,
     Shape,
     Workload,
-    make_policy,
 )
 from gpu_share.sharing.placement.pod_models import DEFAULT_MODEL_LABEL, models_key
-from tests.extender.test_http import post, serving
+from tests.extender.test_http import fgd_extender, post, serving
 
 KEY = b"secret-key-for-tests"
 MEM, CORE = "vendor.com/vcuda-memory", "vendor.com/vcuda-core"
@@ -74,12 +70,7 @@ class Binder:
 def url() -> Iterator[str]:
     from gpu_share.extender.http import make_server
 
-    def policy(v: ClusterView) -> Any:
-        return make_policy("fgd", v.workload())
-
-    ext = Extender(
-        ExtenderSettings(ResourceNames(MEM, CORE), "vendor.com", KEY), View(), Binder(), policy
-    )
+    ext = fgd_extender(View(), Binder())  # test_http's key and resources: the same as here
     with serving(make_server(ext, "127.0.0.1", 0)) as base:
         yield base
 

@@ -18,12 +18,9 @@ import pytest
 
 from gpu_share.cli import extender_main
 from gpu_share.cli.extender_main import UsageError, parse_args, serving
-from gpu_share.extender.core import Extender, ExtenderSettings
 from gpu_share.extender.http import make_server
 from gpu_share.observability.http import server_tls_context
-from gpu_share.sharing.model import ResourceNames
-from gpu_share.sharing.placement import make_policy
-from tests.extender.test_http import CORE, KEY, MEM, FakeBinder, FakeView, kpod
+from tests.extender.test_http import FakeBinder, FakeView, fgd_extender, kpod
 from tests.extender.tls_support import Pki, make_pki
 
 
@@ -35,13 +32,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 @pytest.fixture
 def https(pki: Pki) -> Iterator[tuple[int, FakeBinder]]:
     view, binder = FakeView(), FakeBinder()
-    ext = Extender(
-        ExtenderSettings(ResourceNames(MEM, CORE), "vendor.com", KEY),
-        view,
-        binder,
-        lambda v: make_policy("fgd", v.workload()),
-        clock=lambda: 1_700_000_000.0,
-    )
+    ext = fgd_extender(view, binder, clock=lambda: 1_700_000_000.0)
     ctx = server_tls_context(str(pki.server_cert), str(pki.server_key), str(pki.ca))
     server = make_server(ext, "127.0.0.1", 0, ssl_context=ctx)
     t = server.start()

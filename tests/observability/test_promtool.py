@@ -30,19 +30,22 @@ import pytest
 import yaml
 
 from gpu_share.cli import extender_main
-from gpu_share.extender.core import Extender, ExtenderSettings
 from gpu_share.extender.http import make_server
 from gpu_share.observability.http import READY_METRIC, start_http
 from gpu_share.observability.metrics import ExtenderMetrics, Metrics
 from gpu_share.observability.prom import Registry
-from gpu_share.sharing.model import ResourceNames
-from gpu_share.sharing.placement import make_policy
 from testkit.harness.env import REQUIRE_CLUSTER
 from testkit.harness.wait import poll
 from testkit.kubelet_stub import FakePodResources, KubeletStub
 from tests.agent.served_agent import kill_if_running, scratch_dir, spawn_agent
 from tests.chart.conftest import CHART, NAMESPACE, RELEASE, helm_path, one, render
-from tests.extender.test_http import CORE, KEY, MEM, FakeBinder, FakeView, kpod, post_raw
+from tests.extender.test_http import (
+    FakeBinder,
+    FakeView,
+    fgd_extender,
+    kpod,
+    post_raw,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 RULE_TESTS = sorted((Path(__file__).parent / "rules").glob("*.yaml"))
@@ -203,11 +206,7 @@ def test_live_extender_metrics_pass_promtool_check_metrics(promtool: str) -> Non
     by the CLI's own listener (--metrics-port), scraped after filter/prioritize/bind,
     a refused body and an unknown route."""
     metrics = ExtenderMetrics()
-    ext = Extender(
-        ExtenderSettings(ResourceNames(MEM, CORE), "vendor.com", KEY), FakeView(),
-        FakeBinder(), lambda v: make_policy("fgd", v.workload()),
-        on_bind=metrics.observe_bind,
-    )
+    ext = fgd_extender(FakeView(), FakeBinder(), on_bind=metrics.observe_bind)
     server = make_server(ext, "127.0.0.1", 0, metrics=metrics)
     thread = server.start()
     args = extender_main.parse_args(
