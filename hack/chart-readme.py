@@ -13,7 +13,6 @@ No network, no helm-docs.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from chart_values import CHART, Documented, documented
+from chart_values import CHART, Documented, documented, generator_main
 
 README = CHART / "README.md"
 
@@ -92,22 +91,9 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--check", action="store_true", help="exit 1 when the README is stale")
-    mode.add_argument("--stdout", action="store_true", help="print instead of writing")
-    args = parser.parse_args(argv)
-    wanted = render()
-    if args.stdout:
-        sys.stdout.write(wanted)
-        return 0
-    if args.check:
-        if not README.is_file() or README.read_text() != wanted:
-            print(f"{README} is stale: run hack/chart-readme.py", file=sys.stderr)
-            return 1
-        return 0
-    README.write_text(wanted)
-    return 0
+    return generator_main(
+        argv, __doc__.split("\n\n")[0], README, "the README", render, "hack/chart-readme.py"
+    )
 
 
 if __name__ == "__main__":

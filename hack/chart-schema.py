@@ -22,7 +22,6 @@ No network, no helm: run inside the project's virtualenv.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import sys
@@ -32,7 +31,7 @@ from typing import Any
 from pydantic import BaseModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from chart_values import CHART, CHART_OWNED, descriptions, documented
+from chart_values import CHART, CHART_OWNED, descriptions, documented, generator_main
 
 from gpu_share.config.model import AgentConfig
 
@@ -211,23 +210,10 @@ def render(current: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--check", action="store_true", help="exit 1 when the file is stale")
-    mode.add_argument("--stdout", action="store_true", help="print instead of writing")
-    args = parser.parse_args(argv)
-    current = SCHEMA.read_text()
-    wanted = render(current)
-    if args.stdout:
-        sys.stdout.write(wanted)
-        return 0
-    if args.check:
-        if wanted != current:
-            print(f"{SCHEMA} is stale: run hack/chart-schema.py", file=sys.stderr)
-            return 1
-        return 0
-    SCHEMA.write_text(wanted)
-    return 0
+    return generator_main(
+        argv, __doc__.split("\n\n")[0], SCHEMA, "the file",
+        lambda: render(SCHEMA.read_text()), "hack/chart-schema.py",
+    )
 
 
 if __name__ == "__main__":

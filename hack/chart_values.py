@@ -3,12 +3,16 @@
 A comment block starting with `# --` documents the key right below it; the following
 `#` lines continue it. Plain comments (without `--`) document nothing. Keys inside list
 items (e.g. the entries of `tolerations`) are part of their list's default, not keys.
-Used by hack/chart-readme.py and hack/chart-schema.py; no network, no helm.
+Used by hack/chart-readme.py and hack/chart-schema.py, with their one command line
+(``generator_main``); no network, no helm.
 """
 
 from __future__ import annotations
 
+import argparse
 import re
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -119,3 +123,28 @@ CHART_OWNED = frozenset(
         "dra.cdiDir",
     }
 )
+
+
+def generator_main(
+    argv: Sequence[str] | None, description: str, target: Path, what: str,
+    render: Callable[[], str], script: str,
+) -> int:
+    """The command line of a generator of ``target`` (``what`` it is, for --help):
+    write ``render()`` there; --stdout prints it instead; --check exits 1 (naming
+    ``script`` to run) when the file is missing or differs."""
+    parser = argparse.ArgumentParser(description=description)
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true", help=f"exit 1 when {what} is stale")
+    mode.add_argument("--stdout", action="store_true", help="print instead of writing")
+    args = parser.parse_args(argv)
+    wanted = render()
+    if args.stdout:
+        sys.stdout.write(wanted)
+        return 0
+    if args.check:
+        if not target.is_file() or target.read_text() != wanted:
+            print(f"{target} is stale: run {script}", file=sys.stderr)
+            return 1
+        return 0
+    target.write_text(wanted)
+    return 0
