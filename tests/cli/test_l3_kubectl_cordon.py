@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 import yaml
-from kube_fakes import ApiServer
+from kube_fakes import ApiServer, bind_cluster_role
 from kubernetes import client as k8s
 
 from gpu_share.cli import kubectl_plugin as kp
@@ -40,7 +40,6 @@ from tests.cli.objects import DOMAIN, node_obj
 pytestmark = pytest.mark.apiserver
 
 POLICY_KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
-
 
 
 def rendered() -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -76,16 +75,6 @@ class Env:
 
     def user(self, who: str) -> str:
         return f"system:serviceaccount:{self.ns}:{who}"
-
-
-def _bind(rbac: Any, name: str, rules: list[dict[str, Any]], ns: str, sa: str) -> None:
-    rbac.create_cluster_role({"metadata": {"name": name}, "rules": rules})
-    rbac.create_cluster_role_binding({
-        "metadata": {"name": name},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                    "name": name},
-        "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}],
-    })
 
 
 def _refused(call: Callable[[], Any]) -> str:
@@ -125,7 +114,7 @@ def env(apiserver: ApiServer, tmp_path_factory: pytest.TempPathFactory) -> Itera
     cluster = kc["contexts"][0]["context"]["cluster"]
     for who, rules in roles.items():
         admin.create_namespaced_service_account(ns, {"metadata": {"name": who}})
-        _bind(rbac, f"cordon-{who}-{tag}", rules, ns, who)
+        bind_cluster_role(rbac, f"cordon-{who}-{tag}", rules, ns, who)
         tr = admin.create_namespaced_service_account_token(
             who, ns, {"spec": {"expirationSeconds": 3600}})
         kc["users"].append({"name": who, "user": {"token": tr.status.token}})

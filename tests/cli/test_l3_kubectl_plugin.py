@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
-from kube_fakes import ApiServer
+from kube_fakes import ApiServer, bind_cluster_role
 from kubernetes import client as k8s
 
 from gpu_share.cli import kubectl_plugin as kp
@@ -66,17 +66,8 @@ class Env:
 
 def _reader_token(core: Any, rbac: Any, ns: str, tag: str) -> str:
     core.create_namespaced_service_account(ns, {"metadata": {"name": "reader"}})
-    rbac.create_cluster_role({
-        "metadata": {"name": f"gs-reader-{tag}"},
-        "rules": [{"apiGroups": [""], "resources": ["nodes", "pods"],
-                   "verbs": ["get", "list"]}],
-    })
-    rbac.create_cluster_role_binding({
-        "metadata": {"name": f"gs-reader-{tag}"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                    "name": f"gs-reader-{tag}"},
-        "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": ns}],
-    })
+    rules = [{"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["get", "list"]}]
+    bind_cluster_role(rbac, f"gs-reader-{tag}", rules, ns, "reader")
     tr = core.create_namespaced_service_account_token(
         "reader", ns, {"spec": {"expirationSeconds": 3600}})
     return str(tr.status.token)

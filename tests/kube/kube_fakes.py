@@ -33,6 +33,18 @@ class ApiServer:
     ca_file: str
 
 
+def bind_cluster_role(rbac: Any, name: str, rules: list[dict[str, Any]], ns: str, sa: str) -> None:
+    """ClusterRole ``name`` with ``rules``, bound (a ClusterRoleBinding of the same name)
+    to the service account ``sa`` of namespace ``ns``; ``rbac``: an RbacAuthorizationV1Api."""
+    rbac.create_cluster_role({"metadata": {"name": name}, "rules": rules})
+    rbac.create_cluster_role_binding({
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}],
+    })
+
+
 @dataclass
 class Call:
     method: str

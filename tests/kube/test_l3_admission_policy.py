@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 import yaml
-from kube_fakes import ApiServer
+from kube_fakes import ApiServer, bind_cluster_role
 from kubernetes import client as k8s
 
 from gpu_share.kube.client import make_api_client
@@ -59,7 +59,6 @@ SETS = (
     "scheduler.extender.mode=service",
     "agentConfig.runtime.enforcement=mps",
 )
-
 
 
 def rendered_policies() -> list[dict[str, Any]]:
@@ -147,23 +146,6 @@ def _token_client(
     return k8s.CoreV1Api(api)
 
 
-def _cluster_role(
-    rbac: k8s.RbacAuthorizationV1Api, name: str, rules: list[dict[str, Any]], ns: str, sa: str
-) -> None:
-    rbac.create_cluster_role({"metadata": {"name": name}, "rules": rules})
-    rbac.create_cluster_role_binding(
-        {
-            "metadata": {"name": name},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": name,
-            },
-            "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}],
-        }
-    )
-
-
 # Everything the tests try, so that RBAC is never what refuses a tenant's request.
 TENANT_RULES = [
     {"apiGroups": [""], "resources": ["pods"],
@@ -222,9 +204,11 @@ def env(apiserver: ApiServer, tmp_path_factory: pytest.TempPathFactory) -> Itera
     admin.create_namespaced_service_account(ns, {"metadata": {"name": "tenant"}})
     for n in (NODE, OTHER_NODE):
         admin.create_node({"metadata": {"name": n}})
-    _cluster_role(rbac, f"l3-vap-tenant-{tag}", TENANT_RULES, ns, "tenant")
-    _cluster_role(rbac, f"l3-vap-agent-{tag}", _rules(AGENT_RULES), NAMESPACE, AGENT_SA)
-    _cluster_role(rbac, f"l3-vap-extender-{tag}", _rules(EXTENDER_RULES), NAMESPACE, EXTENDER_SA)
+    bind_cluster_role(rbac, f"l3-vap-tenant-{tag}", TENANT_RULES, ns, "tenant")
+    bind_cluster_role(rbac, f"l3-vap-agent-{tag}", _rules(AGENT_RULES), NAMESPACE, AGENT_SA)
+    bind_cluster_role(
+        rbac, f"l3-vap-extender-{tag}", _rules(EXTENDER_RULES), NAMESPACE, EXTENDER_SA
+    )
     # The agent's pod on NODE: its pod-bound token names the node (the own-node policy).
     agent_pod = admin.create_namespaced_pod(
         NAMESPACE,

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kube_fakes import ApiServer
+from kube_fakes import ApiServer, bind_cluster_role
 from kubernetes import client as k8s
 
 from gpu_share.config.model import ResourcesConfig
@@ -179,18 +179,7 @@ def _agent_token(
         {"apiGroups": [group], "resources": [resource], "verbs": list(verbs)}
         for group, resource, verbs in AGENT_RULES
     ]
-    rbac.create_cluster_role({"metadata": {"name": "gpu-share-agent"}, "rules": rules})
-    rbac.create_cluster_role_binding(
-        {
-            "metadata": {"name": "gpu-share-agent"},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": "gpu-share-agent",
-            },
-            "subjects": [{"kind": "ServiceAccount", "name": "gpu-share", "namespace": sa_ns}],
-        }
-    )
+    bind_cluster_role(rbac, "gpu-share-agent", rules, sa_ns, "gpu-share")
     tr = core.create_namespaced_service_account_token(
         "gpu-share", sa_ns, {"spec": {"expirationSeconds": 3600}}
     )

@@ -22,7 +22,7 @@ from fractions import Fraction
 from typing import Any
 
 import pytest
-from kube_fakes import ApiServer
+from kube_fakes import ApiServer, bind_cluster_role
 from kubernetes import client as k8s
 
 from gpu_share.devices.base import Device
@@ -234,13 +234,7 @@ def policy_env(apiserver: ApiServer, tmp_path_factory: pytest.TempPathFactory
     role = f"l3-rs-agent-{tag}"
     rules = [{"apiGroups": [g], "resources": [r], "verbs": list(v)}
              for g, r, v in AGENT_RULES + DRA_AGENT_RULES]
-    rbac.create_cluster_role({"metadata": {"name": role}, "rules": rules})
-    rbac.create_cluster_role_binding({
-        "metadata": {"name": role},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                    "name": role},
-        "subjects": [{"kind": "ServiceAccount", "name": AGENT_SA, "namespace": NAMESPACE}],
-    })  # fmt: skip
+    bind_cluster_role(rbac, role, rules, NAMESPACE, AGENT_SA)
     pod = core.create_namespaced_pod(NAMESPACE, {
         "metadata": {"name": f"rs-agent-{tag}"},
         "spec": {"nodeName": node, "serviceAccountName": AGENT_SA,
