@@ -184,6 +184,52 @@ def test_a_slow_second_half_still_joins_its_first_while_podresources_answers(see
     sim.check_invariants()
 
 
+class ApiLostSim(KubeletSim):
+    """The API server answers the first ``lost_at - 1`` calls, then stops: the agent's
+    pod cache goes unhealthy with it, so a container's first half can be decided with
+    its pod known and its second half with the pod unknown."""
+
+    lost_at: int = 1
+    n: int = 0
+
+    def ctx(self) -> CallContext:
+        self.n += 1
+        self.api_reachable = self.n < self.lost_at
+        return super().ctx()
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("lost_at", range(2, 34, 3))
+def test_a_second_half_whose_pod_is_unknown_now_joins_its_first(seed: int, lost_at: int) -> None:
+    """Story 9a on CI: pre-3's cores were decided with the pod known, the API server went
+    away, and its memory call (pod unknown) was decided blind on another device. The
+    second half now completes the container's decision (PodResources shows the container
+    holding its first half), on the same device."""
+    sim = ApiLostSim(engine(devices(4, 16)), random.Random(seed))
+    sim.lost_at = lost_at
+    for i, (m, c) in enumerate(STORY_9A_BURST):
+        assert sim.admit(pod(f"pre-{i}", ctr("main", mem=m, cores=c))), sim.rejected
+    sim.check_invariants()
+    for (_ns, name), cs in sim.held.items():
+        held = cs["main"]
+        e = _holder(sim, held.get(MEM) or held[CORE])
+        assert (set(e.memory_ids), set(e.core_ids)) == (
+            set(held.get(MEM, ())), set(held.get(CORE, ()))), (name, e)
+
+
+def test_refuse_mode_still_serves_a_second_half_whose_pod_became_unknown() -> None:
+    """With degraded mode "refuse" (no blind decisions) a second half whose pod became
+    unknown is still served: its container is known from the first half."""
+    eng = engine(devices(2, 8))
+    eng.degraded_mode = "refuse"
+    sim = ApiLostSim(eng, random.Random(0))
+    sim.lost_at = 3  # GPA and Allocate of the first kind with the pod known
+    assert sim.admit(pod("both", ctr("c", mem=2, cores=30))), sim.rejected
+    sim.check_invariants()
+    (e,) = eng.ledger.entries
+    assert e.ref.pod_name == "both" and e.memory_ids and e.core_ids, e
+
+
 class BlindSim(KubeletSim):
     """Neither PodResources nor the API server answers; ``gap`` seconds between calls."""
 

@@ -141,6 +141,11 @@ class ResourceNames:
         name: str = getattr(self, _FIELD[kind])
         return name
 
+    @property
+    def domain(self) -> str:
+        """The resources' domain (``vendor.com``), which also names our annotations."""
+        return self.memory.split("/", 1)[0]
+
     def kind_of(self, resource: str) -> ResourceKind | None:
         if resource == self.memory:
             return ResourceKind.MEMORY

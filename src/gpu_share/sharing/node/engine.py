@@ -21,7 +21,8 @@ from typing import Literal
 
 from gpu_share.config.model import PlacementPolicyName
 from gpu_share.errors import AllocationError, AllocationReason, IdentityError
-from gpu_share.sharing.decision import DecisionError, decision_key, under_any_key, verify
+from gpu_share.sharing.decision import DecisionError, under_any_key, verify
+from gpu_share.sharing.decision import decision_key as annotation_key
 from gpu_share.sharing.inventory import Inventory
 from gpu_share.sharing.model import (
     AdvertisedDevice,
@@ -104,7 +105,7 @@ class AllocationEngine:
         # Keys before the last rotation: their decisions are still followed (rollout).
         self.previous_decision_keys = previous_decision_keys
         self.node_name = node_name
-        self._decision_annotation = _decision_annotation(resources)
+        self._decision_annotation = annotation_key(resources.domain)
         self._notes: list[Note] = []  # facts found while deciding, drained per call
         # has_offer's answer, for the allocate right after it (one scan per Allocate).
         self._offer_hit: LedgerEntry | None = None
@@ -304,6 +305,12 @@ class AllocationEngine:
         """The entry a call works on (the container's decision, or a degraded one) and
         how many other containers qualified."""
         match, why = self._identify(kind, size, must_include, ctx)
+        if match is None and ctx.pr is not None:
+            half, others = identity.second_half(kind, size, ctx.pr, self.ledger, self.resources)
+            if half is not None:
+                notes.append(Note(NoteKind.SECOND_HALF, f"{why.text}; completes {half.ref}, "
+                                  f"whose {kind.other.value} was decided with its pod known"))
+                return half, others
         if match is None:
             notes.append(Note(why.kind, f"degraded: {why.text}"))
             entry = self._degraded_entry(kind, size, available, must_include, ctx.now, why.text)
@@ -441,7 +448,3 @@ class AllocationEngine:
         now: float,
     ) -> LedgerEntry:
         return choose.extend(e, kind, amount, available, self._inventory, self.ledger, now)
-
-
-def _decision_annotation(resources: ResourceNames) -> str:
-    return decision_key(resources.memory.split("/", 1)[0])

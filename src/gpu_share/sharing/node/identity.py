@@ -123,6 +123,41 @@ def resolve(
     return IdentityMatch(best.pod, best.container, best.order, best.entry, len(candidates) - 1)
 
 
+def second_half(
+    kind: ResourceKind, size: int, pr: PodResourcesView, ledger: Ledger, names: ResourceNames
+) -> tuple[LedgerEntry | None, int]:
+    """When the pod of a call is unknown (its spec could not be read): the container
+    whose other resource was decided a call earlier, while its pod was known, and whose
+    second half this call must be (deciding it blind could split the container over two
+    devices). A named entry qualifies when it asks ``size`` units of ``kind``, holds none
+    yet, and PodResources shows its container holding exactly the entry's ids of the
+    other kind and nothing of ``kind`` (the kubelet admits a container's resources back
+    to back; a rejected pod's half is no longer listed). The latest such entry, and how
+    many others qualified."""
+    listed = {(p.namespace, p.name): {c.name: c.devices for c in p.containers}
+              for p in pr.pods}
+    other = kind.other
+    found = [
+        e for e in ledger.unordered()
+        if not e.degraded
+        and e.request.amount(kind) == size > 0
+        and not e.allocated(kind)
+        and e.allocated(other)
+        and _holds_exactly(listed.get(e.pod_key, {}).get(e.ref.container_name),
+                           names.name_of(other), e.ids(other), names.name_of(kind))
+    ]
+    if not found:
+        return None, 0
+    return max(found, key=lambda e: (e.updated_at, e.ref)), len(found) - 1
+
+
+def _holds_exactly(devices: Mapping[str, Sequence[str]] | None, other: str,
+                   ids: Sequence[str], resource: str) -> bool:
+    return devices is not None and not devices.get(resource) and (
+        set(devices.get(other, ())) == set(ids)
+    )
+
+
 def _holds_any(prp: PodResourcesPod, hint: set[str], resource: str) -> bool:
     return any(i in hint for c in prp.containers for i in c.devices.get(resource, ()))
 

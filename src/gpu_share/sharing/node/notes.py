@@ -21,6 +21,7 @@ class NoteKind(StrEnum):
     STALE_RELEASED = "stale-released"  # a pod whose ids the kubelet lists as free
     EXTENDER_IGNORED = "extender-ignored"  # signed decision rejected or not followed
     BLIND_ATTRIBUTED = "blind-attributed"  # a blind decision named by a later call
+    SECOND_HALF = "second-half"  # pod unknown now; its other half was decided known
 
 
 # Metric label of the degraded counter per degraded kind (low cardinality).
