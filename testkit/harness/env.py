@@ -16,8 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from testkit.harness.lock import acquire_lock, release_lock
-
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER_SCRIPT = REPO / "hack" / "local-up-cluster.sh"
 BUILD_SCRIPT = REPO / "hack" / "build-image.sh"
@@ -108,21 +106,13 @@ def loud_skip(what: str, reason: str) -> None:
     pytest.skip(f"{what} skipped: {reason}")
 
 
-def live_cluster(
-    request: pytest.FixtureRequest, what: str, lock_timeout: float = 200
-) -> Mapping[str, str]:
-    """The env of the running local cluster, for a test that does not bring it up itself:
-    skips when this machine cannot run it or it is not up, and holds the cluster lock
-    until the test ends (at once when the session took it already, e.g. tests/cluster's
-    conftest for every ``cluster``-marked test)."""
+def live_cluster(request: pytest.FixtureRequest, what: str) -> Mapping[str, str]:
+    """The env of the local cluster, for a ``cluster``-marked test that is not under
+    tests/cluster: the session's ``local_cluster`` (``testkit.pytest_cluster``: up once,
+    under the session's lock); a loud skip naming ``what`` where this machine cannot run
+    it."""
     info = cluster_info()
     if info.problem:
         loud_skip(what, info.problem)
-    try:
-        acquire_lock(lock_timeout)
-    except TimeoutError as exc:
-        pytest.fail(str(exc), pytrace=False)
-    request.addfinalizer(release_lock)
-    if not cluster_is_up():
-        loud_skip(what, "the local cluster is not up (hack/local-up-cluster.sh up)")
-    return info.env
+    env: Mapping[str, str] = request.getfixturevalue("local_cluster").env
+    return env
