@@ -5,11 +5,11 @@ exception), and what a loaded ledger may say that cannot be true on this node.""
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from enum import StrEnum
-from typing import Any, TypeVar
+from typing import Annotated, Any
+
+from pydantic import Field, model_validator
 
 from gpu_share.errors import AllocationError, LedgerError
 from gpu_share.sharing.ids import parse_unit_ids, valid_uuid
@@ -26,6 +26,18 @@ from gpu_share.sharing.node.ledger_entry import (
     EntrySource,
     LedgerEntry,
     PodKey,
+)
+from gpu_share.sharing.untrusted import (
+    BY_VALUE,
+    MAX_COUNT,
+    MAX_ITEMS,
+    MAX_NAME,
+    Count,
+    Document,
+    Instant,
+    Name,
+    read_json,
+    shown,
 )
 
 MALFORMED = "LedgerMalformed"  # not JSON, wrong version, wrong types, non-canonical ids
@@ -50,17 +62,6 @@ def unknown_in(e: LedgerEntry, inventory: Inventory) -> list[LedgerAnomaly]:
     return out
 
 
-def _load_object(text: str, what: str) -> dict[str, Any]:
-    try:
-        raw = json.loads(text, parse_constant=_reject_constant)
-    except (ValueError, RecursionError, MemoryError) as e:
-        # ValueError covers JSONDecodeError and integers over the digit limit.
-        raise LedgerError(f"{what} is not JSON: {_short(e)}", reason=MALFORMED) from e
-    if not isinstance(raw, dict):
-        raise LedgerError(f"{what} is not a JSON object", reason=MALFORMED)
-    return raw
-
-
 def _absent_to_list(absent: Mapping[PodKey, float]) -> list[dict[str, Any]]:
     return [{"namespace": k[0], "podName": k[1], "since": v} for k, v in sorted(absent.items())]
 
@@ -72,16 +73,6 @@ def _ref_to_dict(r: ContainerRef) -> dict[str, str]:
         "containerName": r.container_name,
         "podUid": r.pod_uid,
     }
-
-
-def _ref_from_dict(v: Any, where: str) -> ContainerRef:
-    d = _dict(v, where)
-    return ContainerRef(
-        _str(d, "namespace", where),
-        _str(d, "podName", where),
-        _str(d, "containerName", where),
-        _str(d, "podUid", where),
-    )
 
 
 def _entry_to_dict(e: LedgerEntry) -> dict[str, Any]:
@@ -112,132 +103,122 @@ def _entry_to_dict(e: LedgerEntry) -> dict[str, Any]:
     }
 
 
-# Bounds of what a ledger may say: far above anything real, small enough to be cheap.
-_MAX_INT = 10**9
-_MAX_STR = 253  # Kubernetes names are at most 253 characters
-_MAX_LIST = 1_000_000
 _MAX_UNIT_MIB = 1024 * 1024  # AgentConfig.memory_unit_mib's upper bound
+_Ids = Annotated[list[Annotated[str, Field(max_length=MAX_NAME)]], Field(max_length=MAX_ITEMS)]
 
 
-class _Bad(Exception):
-    """A ledger field is missing or of the wrong type/range (becomes LedgerError)."""
+class _Ref(Document):
+    namespace: Name
+    pod_name: Name = Field(alias="podName")
+    container_name: Name = Field(alias="containerName")
+    pod_uid: Name = Field(alias="podUid")
+
+    def ref(self) -> ContainerRef:
+        return ContainerRef(self.namespace, self.pod_name, self.container_name, self.pod_uid)
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a number")
+class _Request(Document):
+    memory_units: Count = Field(alias="memoryUnits")
+    cores: Count
 
 
-def _short(e: BaseException) -> str:
-    return _show(f"{type(e).__name__}: {e}")
+class _Share(Document):
+    device: Name
+    memory_units: Count = Field(alias="memoryUnits")
+    cores: Count
+    exclusive: bool
 
 
-def _show(v: object, limit: int = 80) -> str:
-    """Bounded repr of a value read from the file (never echo it whole)."""
-    text = repr(v) if isinstance(v, str | int | float | bool | None) else f"<{type(v).__name__}>"
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} chars)"
+class _Entry(_Ref):
+    container_kind: Annotated[ContainerKind, BY_VALUE] = Field(alias="containerKind")
+    order: Annotated[int, Field(ge=-1, le=MAX_COUNT)]
+    request: _Request
+    shares: Annotated[list[_Share], Field(max_length=MAX_ITEMS)]
+    memory_ids: _Ids = Field(default_factory=list, alias="memoryIds")
+    core_ids: _Ids = Field(default_factory=list, alias="coreIds")
+    offered_memory_ids: _Ids = Field(default_factory=list, alias="offeredMemoryIds")
+    offered_core_ids: _Ids = Field(default_factory=list, alias="offeredCoreIds")
+    source: Annotated[EntrySource, BY_VALUE]
+    created_at: Instant = Field(alias="createdAt")
+    updated_at: Instant = Field(alias="updatedAt")
 
 
-def _dict(v: Any, where: str) -> dict[str, Any]:
-    if not isinstance(v, dict):
-        raise _Bad(f"{where}: expected an object, got {_show(v)}")
-    return v
+class _Absent(Document):
+    namespace: Name
+    pod_name: Name = Field(alias="podName")
+    since: Instant
 
 
-def _list(v: Any, where: str) -> list[Any]:
-    if not isinstance(v, list) or len(v) > _MAX_LIST:
-        raise _Bad(f"{where}: expected a list, got {_show(v)}")
-    return v
+class _Fields(Document):
+    """What a snapshot and a journal record both say."""
+
+    seq: Count = 0
+    unit_mib: Annotated[int, Field(ge=0, le=_MAX_UNIT_MIB)] = Field(
+        default=0, alias="memoryUnitMiB")
+    entries: Annotated[list[_Entry], Field(max_length=MAX_ITEMS)] = Field(
+        default_factory=list)
+    # A record without it leaves the absent pods as they were (model_fields_set).
+    absent_since: Annotated[list[_Absent], Field(max_length=MAX_ITEMS)] = Field(
+        default_factory=list, alias="absentSince")
 
 
-def _int(v: Any, where: str, lo: int) -> int:
-    # bool is an int subclass; 1e999 and 2.5 are floats: all refused.
-    if type(v) is not int or not lo <= v <= _MAX_INT:
-        raise _Bad(f"{where}: expected an integer in [{lo}, {_MAX_INT}], got {_show(v)}")
-    return v
+class _Snapshot(_Fields):
+    journal: Count = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _version_first(cls, raw: Any) -> Any:
+        # An older or newer file is named as such, before its fields are judged.
+        version = raw.get("version") if isinstance(raw, dict) else None
+        if isinstance(raw, dict) and version != LEDGER_VERSION:
+            raise ValueError(f"version {shown(version)} is not supported "
+                             f"(expected {LEDGER_VERSION!r})")
+        return raw
 
 
-def _num(v: Any, where: str) -> float:
-    if type(v) not in (int, float) or not math.isfinite(v) or abs(v) > 1e12:
-        raise _Bad(f"{where}: expected a finite number, got {_show(v)}")
-    return float(v)
+class _Record(_Fields):
+    removed: Annotated[list[_Ref], Field(max_length=MAX_ITEMS)] = Field(default_factory=list)
 
 
-def _str(d: dict[str, Any], key: str, where: str) -> str:
-    v = d.get(key)
-    if not isinstance(v, str) or len(v) > _MAX_STR:
-        raise _Bad(f"{where}.{key}: expected a string, got {_show(v)}")
-    return v
+def _malformed(message: str) -> LedgerError:
+    return LedgerError(message, reason=MALFORMED)
 
 
-def _bool(v: Any, where: str) -> bool:
-    if not isinstance(v, bool):
-        raise _Bad(f"{where}: expected true or false, got {_show(v)}")
-    return v
-
-
-_E = TypeVar("_E", bound=StrEnum)
-
-
-def _enum(cls: type[_E], v: Any, where: str) -> _E:
-    if isinstance(v, str):
-        for member in cls:
-            if member.value == v:
-                return member
-    raise _Bad(f"{where}: expected one of {[m.value for m in cls]}, got {_show(v)}")
-
-
-def _ids(d: dict[str, Any], key: str, where: str, kind: ResourceKind) -> tuple[str, ...]:
-    """A list of canonical unit ids of ``kind``, none twice."""
-    v = _list(d.get(key, []), f"{where}.{key}")
-    if not all(isinstance(x, str) for x in v):
-        raise _Bad(f"{where}.{key}: expected a list of strings")
+def _ids(ids: list[str], where: str, kind: ResourceKind) -> tuple[str, ...]:
+    """Canonical unit ids of ``kind``, none twice."""
     try:
-        parse_unit_ids(v, kind)
+        parse_unit_ids(ids, kind)
     except AllocationError as e:
-        raise _Bad(f"{where}.{key}: {e.message}") from e
-    if len(set(v)) != len(v):
+        raise _malformed(f"ledger entry is malformed: {where}: {e.message}") from e
+    if len(set(ids)) != len(ids):
         raise LedgerError(
-            f"ledger entry is malformed: {where}.{key} lists a unit twice", reason=DUPLICATE_UNIT
+            f"ledger entry is malformed: {where} lists a unit twice", reason=DUPLICATE_UNIT
         )
-    return tuple(v)
+    return tuple(ids)
 
 
-def _share_from_dict(v: Any, where: str) -> DeviceShare:
-    s = _dict(v, where)
-    device = _str(s, "device", where)
-    if not valid_uuid(device):
-        raise _Bad(f"{where}.device: not a device uuid: {_show(device)}")
-    return DeviceShare(
-        device,
-        _int(s.get("memoryUnits"), f"{where}.memoryUnits", 0),
-        _int(s.get("cores"), f"{where}.cores", 0),
-        _bool(s.get("exclusive"), f"{where}.exclusive"),
-    )
+def _share(s: _Share, where: str) -> DeviceShare:
+    if not valid_uuid(s.device):
+        raise _malformed(f"ledger entry is malformed: {where}.device: not a device uuid: "
+                         f"{shown(s.device)}")
+    return DeviceShare(s.device, s.memory_units, s.cores, s.exclusive)
 
 
-def _entry_from_dict(v: Any, where: str) -> LedgerEntry:
-    d = _dict(v, where)
-    req = _dict(d.get("request"), f"{where}.request")
+def _entry(d: _Entry, where: str) -> LedgerEntry:
     mem, core = ResourceKind.MEMORY, ResourceKind.CORE
     return LedgerEntry(
-        ref=_ref_from_dict(d, where),
-        request=ContainerRequest(
-            _int(req.get("memoryUnits"), f"{where}.request.memoryUnits", 0),
-            _int(req.get("cores"), f"{where}.request.cores", 0),
-        ),
-        shares=tuple(
-            _share_from_dict(s, f"{where}.shares[{i}]")
-            for i, s in enumerate(_list(d.get("shares"), f"{where}.shares"))
-        ),
-        source=_enum(EntrySource, d.get("source"), f"{where}.source"),
-        created_at=_num(d.get("createdAt"), f"{where}.createdAt"),
-        updated_at=_num(d.get("updatedAt"), f"{where}.updatedAt"),
-        container_kind=_enum(ContainerKind, d.get("containerKind"), f"{where}.containerKind"),
-        order=_int(d.get("order"), f"{where}.order", -1),
-        memory_ids=_ids(d, "memoryIds", where, mem),
-        core_ids=_ids(d, "coreIds", where, core),
-        offered_memory_ids=_ids(d, "offeredMemoryIds", where, mem),
-        offered_core_ids=_ids(d, "offeredCoreIds", where, core),
+        ref=d.ref(),
+        request=ContainerRequest(d.request.memory_units, d.request.cores),
+        shares=tuple(_share(s, f"{where}.shares.{i}") for i, s in enumerate(d.shares)),
+        source=d.source,
+        created_at=d.created_at,
+        updated_at=d.updated_at,
+        container_kind=d.container_kind,
+        order=d.order,
+        memory_ids=_ids(d.memory_ids, f"{where}.memoryIds", mem),
+        core_ids=_ids(d.core_ids, f"{where}.coreIds", core),
+        offered_memory_ids=_ids(d.offered_memory_ids, f"{where}.offeredMemoryIds", mem),
+        offered_core_ids=_ids(d.offered_core_ids, f"{where}.offeredCoreIds", core),
     )
 
 
@@ -280,48 +261,24 @@ def record_json(seq: int, unit_mib: int, changed: Mapping[ContainerRef, LedgerEn
 
 
 def read_snapshot(text: str) -> LedgerDoc:
-    raw = _load_object(text, "ledger")
-    version = raw.get("version")
-    if version != LEDGER_VERSION:
-        raise LedgerError(
-            f"ledger version {_show(version)} is not supported (expected {LEDGER_VERSION!r})",
-            reason=MALFORMED,
-        )
-    try:
-        return _fields(raw, "", journal=_int(raw.get("journal", 0), "journal", 0))
-    except _Bad as bad:
-        raise LedgerError(f"ledger entry is malformed: {bad}", reason=MALFORMED) from bad
+    doc = read_json(_Snapshot, text, "ledger", lambda m: _malformed(f"malformed {m}"))
+    return _doc(doc, "", journal=doc.journal)
 
 
 def read_record(text: str, where: str) -> LedgerDoc:
-    raw = _load_object(text, where)
-    try:
-        removed = tuple(_ref_from_dict(r, f"{where}.removed[{i}]")
-                        for i, r in enumerate(_list(raw.get("removed", []), f"{where}.removed")))
-        return _fields(raw, f"{where}.", removed=removed)
-    except _Bad as bad:
-        raise LedgerError(f"ledger journal is malformed: {bad}", reason=MALFORMED) from bad
+    doc = read_json(_Record, text, where, lambda m: _malformed(f"malformed {m}"))
+    return _doc(doc, f"{where}.", removed=tuple(r.ref() for r in doc.removed))
 
 
-def _fields(raw: dict[str, Any], where: str, *, journal: int = 0,
-            removed: tuple[ContainerRef, ...] = ()) -> LedgerDoc:
-    seq = _int(raw.get("seq", 0), f"{where}seq", 0)
-    unit_mib = _int(raw.get("memoryUnitMiB", 0), f"{where}memoryUnitMiB", 0)
-    if unit_mib > _MAX_UNIT_MIB:
-        raise _Bad(f"{where}memoryUnitMiB: {unit_mib} is above {_MAX_UNIT_MIB}")
+def _doc(doc: _Fields, where: str, *, journal: int = 0,
+         removed: tuple[ContainerRef, ...] = ()) -> LedgerDoc:
     entries: dict[ContainerRef, LedgerEntry] = {}
-    for i, d in enumerate(_list(raw.get("entries", []), f"{where}entries")):
-        entry = _entry_from_dict(d, f"{where}entries[{i}]")
+    for i, d in enumerate(doc.entries):
+        entry = _entry(d, f"{where}entries.{i}")
         if entry.ref in entries:
-            raise _Bad(f"{entry.ref} is listed twice")
+            raise _malformed(f"ledger entry is malformed: {entry.ref} is listed twice")
         entries[entry.ref] = entry
     absent: dict[PodKey, float] | None = None
-    if "absentSince" in raw or not where:
-        absent = {}
-    for i, a in enumerate(_list(raw.get("absentSince", []), f"{where}absentSince")):
-        at = f"{where}absentSince[{i}]"
-        a = _dict(a, at)
-        absent_key = (_str(a, "namespace", at), _str(a, "podName", at))
-        assert absent is not None
-        absent[absent_key] = _num(a.get("since"), f"{at}.since")
-    return LedgerDoc(seq, unit_mib, tuple(entries.values()), absent, removed, journal)
+    if "absent_since" in doc.model_fields_set or not where:
+        absent = {(a.namespace, a.pod_name): a.since for a in doc.absent_since}
+    return LedgerDoc(doc.seq, doc.unit_mib, tuple(entries.values()), absent, removed, journal)
