@@ -279,12 +279,28 @@ def test_failures_are_per_claim_errors_and_leave_nothing(
         assert out[UID2].error == "" and out[UID2].devices
 
 
+def _claim_doc(uid: str = "u-1", **fields: Any) -> bytes:
+    """A checkpoint of one well-formed claim but for ``fields``."""
+    entry = {"namespace": "ns", "name": "c", "devices": [], "spec": {}, "hostDir": "",
+             "shares": [], **fields}
+    return json.dumps({"version": "v1", "driver": "gpu-share.vendor.com",
+                       "claims": {uid: entry}}).encode()
+
+
 @pytest.mark.parametrize(
     "content",
     [b"{not json", b"[]", b'{"version": "v9", "driver": "gpu-share.vendor.com", "claims": {}}',
      b'{"version": "v1", "driver": "gpu-share.vendor.com", "claims": {"u": 3}}',
-     b"[" * 100_000],
-    ids=["json", "list", "version", "entry", "deep"],
+     b"[" * 100_000,
+     _claim_doc(shares=[{"device": "gpu-0", "memoryUnits": "4", "cores": 0,
+                         "exclusive": False}]),
+     _claim_doc(shares=[{"device": "gpu-0", "memoryUnits": 4, "cores": 0,
+                         "exclusive": "false"}]),
+     _claim_doc(devices={"pool": "p"}),
+     _claim_doc(namespace="n" * 100_000),
+     _claim_doc(uid="../../etc")],
+    ids=["json", "list", "version", "entry", "deep", "count-text", "flag-text",
+         "devices-object", "namespace-huge", "uid-path"],
 )
 def test_a_corrupt_checkpoint_is_set_aside(
     tmp_path: Path, content: bytes, caplog: pytest.LogCaptureFixture

@@ -16,13 +16,24 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field, model_validator
 
 from gpu_share.agent.dra.ports import PreparedDevice
 from gpu_share.agent.files import write_atomic
 from gpu_share.errors import InputError
 from gpu_share.sharing.dra.claims import CLAIM_UID
 from gpu_share.sharing.model import DeviceShare
+from gpu_share.sharing.untrusted import (
+    MAX_ITEMS,
+    MAX_NAME,
+    Count,
+    Document,
+    Name,
+    read_json,
+    shown,
+)
 
 log = logging.getLogger(__name__)
 
@@ -69,58 +80,57 @@ class PreparedClaim:
             ],
         }
 
-    @classmethod
-    def from_json(cls, raw: Any) -> PreparedClaim:
-        if not isinstance(raw, dict) or not isinstance(raw.get("spec"), dict):
-            raise CheckpointError("a claim entry is not an object with a spec")
-        devices = tuple(_device_from_json(d) for d in _list(raw.get("devices")))
-        return cls(
-            namespace=_str(raw.get("namespace")),
-            name=_str(raw.get("name")),
-            devices=devices,
-            spec=raw["spec"],
-            host_dir=_str(raw.get("hostDir", "")),
-            shares=tuple(_share_from_json(h) for h in _list(raw.get("shares", []))),
+
+_Texts = Annotated[list[Annotated[str, Field(max_length=MAX_NAME)]], Field(max_length=MAX_ITEMS)]
+
+
+class _Device(Document):
+    requests: _Texts
+    pool: Name
+    device: Name
+    cdi_device_ids: _Texts = Field(alias="cdiDeviceIds")
+
+    def prepared(self) -> PreparedDevice:
+        return PreparedDevice(tuple(self.requests), self.pool, self.device,
+                              tuple(self.cdi_device_ids))
+
+
+class _Share(Document):
+    device: Name
+    memory_units: Count = Field(alias="memoryUnits")
+    cores: Count
+    exclusive: bool
+
+
+class _Claim(Document):
+    namespace: Name
+    name: Name
+    devices: Annotated[list[_Device], Field(max_length=MAX_ITEMS)]
+    spec: dict[str, Any]
+    host_dir: Name = Field(default="", alias="hostDir")
+    shares: Annotated[list[_Share], Field(max_length=MAX_ITEMS)] = Field(default_factory=list)
+
+    def prepared(self) -> PreparedClaim:
+        return PreparedClaim(
+            self.namespace, self.name, tuple(d.prepared() for d in self.devices), self.spec,
+            self.host_dir,
+            tuple(DeviceShare(h.device, h.memory_units, h.cores, h.exclusive)
+                  for h in self.shares),
         )
 
 
-def _list(v: Any) -> list[Any]:
-    if not isinstance(v, list):
-        raise CheckpointError(f"expected a list, found {type(v).__name__}")
-    return v
+class _File(Document):
+    version: str
+    driver: str
+    claims: dict[str, _Claim]
 
-
-def _str(v: Any) -> str:
-    if not isinstance(v, str):
-        raise CheckpointError(f"expected a string, found {type(v).__name__}")
-    return v
-
-
-def _device_from_json(raw: Any) -> PreparedDevice:
-    if not isinstance(raw, dict):
-        raise CheckpointError("a device entry is not an object")
-    return PreparedDevice(
-        requests=tuple(_str(r) for r in _list(raw.get("requests"))),
-        pool=_str(raw.get("pool")),
-        device=_str(raw.get("device")),
-        cdi_device_ids=tuple(_str(i) for i in _list(raw.get("cdiDeviceIds"))),
-    )
-
-
-def _share_from_json(raw: Any) -> DeviceShare:
-    if not isinstance(raw, dict):
-        raise CheckpointError("a share entry is not an object")
-    exclusive = raw.get("exclusive")
-    if not isinstance(exclusive, bool):
-        raise CheckpointError("a share entry has no exclusive flag")
-    return DeviceShare(_str(raw.get("device")), _count(raw.get("memoryUnits")),
-                       _count(raw.get("cores")), exclusive)
-
-
-def _count(v: Any) -> int:
-    if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= 1 << 30:
-        raise CheckpointError("a share entry has a bad count")
-    return v
+    @model_validator(mode="before")
+    @classmethod
+    def _version_first(cls, raw: Any) -> Any:
+        # Another version is named as such, before its claims are judged.
+        if isinstance(raw, dict) and raw.get("version") != CHECKPOINT_VERSION:
+            raise ValueError(f"version {shown(raw.get('version'))} is not {CHECKPOINT_VERSION}")
+        return raw
 
 
 def json_bytes(doc: Any) -> bytes:
@@ -170,23 +180,13 @@ class Checkpoint:
     def parse(self, data: bytes) -> dict[str, PreparedClaim]:
         if len(data) > MAX_CHECKPOINT_BYTES:
             raise CheckpointError(f"larger than {MAX_CHECKPOINT_BYTES} bytes")
-        doc = json.loads(data)
-        if not isinstance(doc, dict):
-            raise CheckpointError("not a JSON object")
-        if doc.get("version") != CHECKPOINT_VERSION:
-            raise CheckpointError(f"version {str(doc.get('version'))[:40]!r} is not "
-                                  f"{CHECKPOINT_VERSION}")
-        if doc.get("driver") != self.driver:
-            raise CheckpointError(f"written for driver {str(doc.get('driver'))[:80]!r}")
-        raw = doc.get("claims")
-        if not isinstance(raw, dict):
-            raise CheckpointError("claims is not an object")
-        claims = {}
-        for uid, entry in raw.items():
+        doc = read_json(_File, data, "checkpoint", CheckpointError)
+        if doc.driver != self.driver:
+            raise CheckpointError(f"written for driver {shown(doc.driver)}")
+        for uid in doc.claims:
             if not CLAIM_UID.match(uid):
-                raise CheckpointError(f"claim uid {uid[:80]!r} is not a valid name")
-            claims[uid] = PreparedClaim.from_json(entry)
-        return claims
+                raise CheckpointError(f"claim uid {shown(uid)} is not a valid name")
+        return {uid: c.prepared() for uid, c in doc.claims.items()}
 
     def _quarantine(self, why: Exception) -> None:
         aside = self.path.with_name(f"{CHECKPOINT_FILE}.corrupt-{int(self._wall())}")
