@@ -29,11 +29,14 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field
 
 from gpu_share.errors import GpuShareError
 from gpu_share.sharing.decision import mac, sig_matches
 from gpu_share.sharing.model import DeviceShare
+from gpu_share.sharing.untrusted import MAX_ITEMS, Count, Document, Name, read_value
 
 ANNOTATION_VERSION = "v1"
 # Prefixed to the signed bytes so an assignment MAC can never pass as any other MAC.
@@ -121,26 +124,36 @@ class InventoryAnnotation:
 
     @classmethod
     def decode(cls, text: str) -> InventoryAnnotation:
-        raw = _load(text, "inventory")
-        try:
-            devices = tuple(
-                InventoryDevice(
-                    id=_str(d["id"]),
-                    index=_int(d["index"]),
-                    model=_str(d["model"]),
-                    memory_total=_int(d["memoryUnits"]["total"]),
-                    memory_used=_int(d["memoryUnits"]["used"]),
-                    cores_total=_int(d["cores"]["total"]),
-                    cores_used=_int(d["cores"]["used"]),
-                    healthy=_bool(d["healthy"]),
-                    numa=None if d["numa"] is None else _int(d["numa"]),
-                    cordoned=_bool(d.get("cordoned", False)),
-                )
-                for d in raw["devices"]
-            )
-            return cls(_str(raw["node"]), _int(raw["unitMiB"]), devices)
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise AnnotationError(f"inventory annotation is malformed: {e!r}") from e
+        doc = read_value(_Inventory, _load(text, "inventory"),
+                         "inventory annotation is malformed", AnnotationError)
+        return cls(doc.node, doc.unit_mib, tuple(d.device() for d in doc.devices))
+
+
+class _Used(Document):
+    total: Count
+    used: Count
+
+
+class _InventoryDevice(Document):
+    id: Name
+    index: Count
+    model: Name
+    memory: _Used = Field(alias="memoryUnits")
+    cores: _Used
+    healthy: bool
+    numa: Count | None
+    cordoned: bool = False
+
+    def device(self) -> InventoryDevice:
+        return InventoryDevice(self.id, self.index, self.model, self.memory.total,
+                               self.memory.used, self.cores.total, self.cores.used,
+                               self.healthy, self.numa, self.cordoned)
+
+
+class _Inventory(Document):
+    node: Name
+    unit_mib: Count = Field(alias="unitMiB")
+    devices: Annotated[list[_InventoryDevice], Field(max_length=MAX_ITEMS)]
 
 
 def _inventory_device(d: InventoryDevice) -> dict[str, Any]:
@@ -193,25 +206,32 @@ class PodAssignment:
 
     @classmethod
     def _from_raw(cls, raw: Mapping[str, Any]) -> PodAssignment:
-        try:
-            containers = {
-                _str(name): ContainerAssignment(
-                    tuple(
-                        DeviceShare(
-                            _str(s["id"]),
-                            _int(s["memoryUnits"]),
-                            _int(s["cores"]),
-                            _bool(s["exclusive"]),
-                        )
-                        for s in c["devices"]
-                    ),
-                    _str(c["source"]),
-                )
-                for name, c in raw["containers"].items()
-            }
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise AnnotationError(f"assignment annotation is malformed: {e!r}") from e
-        return cls(containers)
+        doc = read_value(_Assignment, raw, "assignment annotation is malformed",
+                         AnnotationError)
+        return cls({
+            name: ContainerAssignment(
+                tuple(DeviceShare(s.id, s.memory_units, s.cores, s.exclusive)
+                      for s in c.devices),
+                c.source,
+            )
+            for name, c in doc.containers.items()
+        })
+
+
+class _Share(Document):
+    id: Name
+    memory_units: Count = Field(alias="memoryUnits")
+    cores: Count
+    exclusive: bool
+
+
+class _Container(Document):
+    devices: Annotated[list[_Share], Field(max_length=MAX_ITEMS)]
+    source: Name
+
+
+class _Assignment(Document):
+    containers: dict[Name, _Container]
 
 
 def verify_assignment(text: str, key: bytes, pod_uid: str, node: str) -> PodAssignment:
@@ -260,24 +280,6 @@ def _load(text: str, what: str) -> dict[str, Any]:
             f"(expected {ANNOTATION_VERSION!r})"
         )
     return raw
-
-
-def _str(v: Any) -> str:
-    if not isinstance(v, str):
-        raise TypeError(f"expected a string, got {v!r}")
-    return v
-
-
-def _int(v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise TypeError(f"expected a non-negative integer, got {v!r}")
-    return v
-
-
-def _bool(v: Any) -> bool:
-    if not isinstance(v, bool):
-        raise TypeError(f"expected a boolean, got {v!r}")
-    return v
 
 
 def encode_inventory(doc: InventoryAnnotation) -> str:
