@@ -56,12 +56,16 @@ def extender_and_scheduler(
     workload: Workload,
     key: bytes,
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """Yields the scheduler process; its log is ``workdir/sched.log``."""
+    """Yields the scheduler process; its log is ``workdir/sched.log``. The extender's
+    view and binder get their own ``kube.rest`` client from ``kubeconfig``; ``api`` (the
+    caller's test-side client) is not used."""
     from gpu_share.kube.binder import KubeBinder
     from gpu_share.kube.cluster_view import KubeClusterView
+    from gpu_share.kube.rest import make_rest_client
 
+    rest = make_rest_client(kubeconfig)
     view = KubeClusterView(
-        api, domain="vendor.com", memory_resource=MEM, core_resource=CORE,
+        rest, domain="vendor.com", memory_resource=MEM, core_resource=CORE,
         default_workload=workload, decision_key=key,
     )
     server = None
@@ -72,7 +76,7 @@ def extender_and_scheduler(
         ext = Extender(
             ExtenderSettings(ResourceNames(MEM, CORE), "vendor.com", key),
             view,
-            KubeBinder(api),
+            KubeBinder(rest),
             lambda v: make_policy("fgd", workload),
         )
         port = free_port()

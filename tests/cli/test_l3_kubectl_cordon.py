@@ -30,10 +30,10 @@ from kube_fakes import ApiServer, bind_cluster_role
 from kubernetes import client as k8s
 
 from gpu_share.cli import kubectl_plugin as kp
-from gpu_share.kube.client import make_api_client
 from gpu_share.sharing.annotations import inventory_key
 from gpu_share.sharing.cordon import Cordon, cordon_key, parse_cordon
 from testkit.harness.wait import until
+from testkit.kube_admin import admin_client
 from tests.chart.conftest import CHART, NAMESPACE, RELEASE, helm_path
 from tests.cli.objects import DOMAIN, node_obj
 
@@ -89,7 +89,7 @@ def _refused(call: Callable[[], Any]) -> str:
 @pytest.fixture(scope="module")
 def env(apiserver: ApiServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     policy, role = rendered()
-    api = make_api_client(apiserver.kubeconfig)
+    api = admin_client(apiserver.kubeconfig)
     admin: Any = k8s.CoreV1Api(api)
     rbac: Any = k8s.RbacAuthorizationV1Api(api)
     adm: Any = k8s.AdmissionregistrationV1Api(api)
@@ -121,7 +121,7 @@ def env(apiserver: ApiServer, tmp_path_factory: pytest.TempPathFactory) -> Itera
         kc["contexts"].append({"name": who, "context": {"cluster": cluster, "user": who}})
     path = tmp_path_factory.mktemp("cordon") / "kubeconfig"
     path.write_text(yaml.safe_dump(kc))
-    apis = {who: k8s.CoreV1Api(make_api_client(str(path), context=who)) for who in roles}
+    apis = {who: k8s.CoreV1Api(admin_client(str(path), context=who)) for who in roles}
     e = Env(node, ns, str(path), admin, apis)
     created: list[dict[str, Any]] = []
     try:

@@ -23,8 +23,8 @@ from kubernetes import client as k8s
 from gpu_share.cli import kubectl_plot as kplot
 from gpu_share.cli import kubectl_plugin as kp
 from gpu_share.cli.kubectl_snapshot import Settings
-from gpu_share.kube.client import make_api_client
 from gpu_share.sharing.annotations import InventoryAnnotation, inventory_key
+from testkit.kube_admin import admin_client
 from tests.cli.test_l3_kubectl_plugin import reader_kubeconfig, remove_fleet
 from tests.cli.test_plot import _parsed, cell_colours, fleet_objects, read_png
 
@@ -37,7 +37,7 @@ NODES = 300
 def fleet(apiserver: ApiServer, tmp_path_factory: pytest.TempPathFactory
           ) -> Iterator[tuple[str, str, list[dict[str, Any]]]]:
     """(kubeconfig with a read-only "reader" context, label of the fleet, node objects)."""
-    api = make_api_client(apiserver.kubeconfig)
+    api = admin_client(apiserver.kubeconfig)
     core: Any = k8s.CoreV1Api(api)
     rbac: Any = k8s.RbacAuthorizationV1Api(api)
     tag = uuid.uuid4().hex[:6]

@@ -30,12 +30,12 @@ from gpu_share.cli.kubectl_fit import DEFAULT_WORKLOAD, parse_workload, probe_po
 from gpu_share.cli.kubectl_snapshot import Settings
 from gpu_share.extender.core import Extender, ExtenderSettings
 from gpu_share.kube.binder import KubeBinder
-from gpu_share.kube.client import make_api_client
 from gpu_share.kube.cluster_view import KubeClusterView
-from gpu_share.kube.rest import ApiError, RestClient
+from gpu_share.kube.rest import ApiError, RestClient, make_rest_client
 from gpu_share.kube.rest_config import kubeconfig_config
 from gpu_share.sharing.placement import make_policy
 from testkit.harness import K8S_VERSION
+from testkit.kube_admin import admin_client
 from tests.cli.objects import CORE, KEY, MEM, assignment, node_obj, pod_obj
 
 pytestmark = pytest.mark.apiserver
@@ -114,7 +114,7 @@ def remove_fleet(core: Any, rbac: Any, ns: str, tag: str, nodes: list[str]) -> N
 
 @pytest.fixture(scope="module")
 def env(apiserver: ApiServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    api = make_api_client(apiserver.kubeconfig)
+    api = admin_client(apiserver.kubeconfig)
     core: Any = k8s.CoreV1Api(api)  # dict bodies: the stubs want models
     rbac: Any = k8s.RbacAuthorizationV1Api(api)
     tag = uuid.uuid4().hex[:6]
@@ -222,7 +222,7 @@ def test_pods_in_the_contexts_namespace(
 def _extender_verdict(apiserver: ApiServer, names: list[str], pod: dict[str, Any]
                       ) -> dict[str, str]:
     """What the real extender (its view over list+watch, trusting KEY) filters out."""
-    api = make_api_client(apiserver.kubeconfig)
+    api = make_rest_client(apiserver.kubeconfig)
     view = KubeClusterView(api, domain="vendor.com", memory_resource=MEM, core_resource=CORE,
                            default_workload=parse_workload(DEFAULT_WORKLOAD),
                            decision_key=KEY)

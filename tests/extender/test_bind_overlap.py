@@ -11,14 +11,15 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from kubernetes import client as k8s
 
 from gpu_share.errors import BindRefused, KubeAccessError
 from gpu_share.extender.core import Extender, ExtenderSettings
 from gpu_share.kube.binder import KubeBinder
 from gpu_share.kube.cluster_view import KubeClusterView
+from gpu_share.kube.rest import ApiError
 from gpu_share.sharing.model import ResourceNames
 from gpu_share.sharing.placement import make_policy
+from testkit.kube_admin import idle_api
 from tests.extender.test_view import CORE, DOM, KEY, MEM, _view
 
 
@@ -120,13 +121,16 @@ def test_a_refusal_elsewhere_leaves_a_newer_reservation_alone() -> None:
 @pytest.mark.parametrize(("status", "refused"), [(404, True), (409, True), (422, True),
                                                  (403, True), (500, False), (504, False)])
 def test_kube_binder_calls_a_4xx_refused_and_a_5xx_unknown(status: int, refused: bool) -> None:
-    binder = KubeBinder(k8s.ApiClient())
+    api = idle_api()
+    calls: list[tuple[str, str]] = []
 
-    def answer(*_a: Any, **_kw: Any) -> Any:
-        raise k8s.ApiException(status=status, reason="x")
+    def answer(op: str, method: str, path: str, **_kw: Any) -> Any:
+        calls.append((method, path))
+        raise ApiError(op, status, "x")
 
-    binder._core.create_namespaced_binding = answer  # type: ignore[method-assign]
+    api.request = answer  # type: ignore[method-assign]
     with pytest.raises(KubeAccessError) as got:
-        binder.annotate_and_bind("t", "p", "u", "n1", {})
+        KubeBinder(api).annotate_and_bind("t", "p", "u", "n1", {})
     assert isinstance(got.value, BindRefused) is refused
     assert str(status) in str(got.value)
+    assert calls == [("POST", "/api/v1/namespaces/t/bindings")]

@@ -14,7 +14,7 @@ import urllib.request
 from collections.abc import Iterator, Mapping
 
 import pytest
-from kubernetes import client as k8s
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from gpu_share.cli import extender_main
 from gpu_share.extender.http import make_server
@@ -27,8 +27,8 @@ from gpu_share.observability.metrics import (
     REQUEST_OUTCOMES,
     ExtenderMetrics,
 )
-from gpu_share.observability.prom import CONTENT_TYPE
 from gpu_share.sharing.placement import Shape, Workload
+from testkit.kube_admin import idle_api
 from tests.extender.test_http import (
     CORE,
     KEY,
@@ -100,7 +100,7 @@ def test_every_series_of_the_closed_label_sets_exists_at_zero() -> None:
     for outcome in BIND_OUTCOMES:
         assert sample(m, "gpu_share_extender_binds_total", outcome=outcome) == 0
     text = m.render().decode()
-    assert 'gpu_share_extender_requests_total{verb="bind",outcome="refused"} 0.0' in text
+    assert 'gpu_share_extender_requests_total{outcome="refused",verb="bind"} 0.0' in text
     assert 'gpu_share_extender_request_duration_seconds_count{verb="filter"} 0.0' in text
 
 
@@ -271,7 +271,7 @@ def test_untrusted_reasons_are_counted_and_capped() -> None:
 def test_the_cluster_view_feeds_untrusted_and_its_counts() -> None:
     m = ExtenderMetrics()
     v = KubeClusterView(
-        k8s.ApiClient(), domain="vendor.com", memory_resource=MEM, core_resource=CORE,
+        idle_api(), domain="vendor.com", memory_resource=MEM, core_resource=CORE,
         default_workload=Workload([Shape(4, 30, 1.0)]), decision_key=KEY,
         on_untrusted=m.observe_untrusted,
     )
@@ -303,9 +303,9 @@ def test_metrics_listener_serves_get_metrics_only(served: Served) -> None:
     base = f"http://127.0.0.1:{handle.port}"
     try:
         with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
-            assert r.headers["Content-Type"] == CONTENT_TYPE
+            assert r.headers["Content-Type"] == CONTENT_TYPE_LATEST
             text = r.read().decode()
-        assert 'gpu_share_extender_requests_total{verb="filter",outcome="ok"} 1.0' in text
+        assert 'gpu_share_extender_requests_total{outcome="ok",verb="filter"} 1.0' in text
         with urllib.request.urlopen(base + "/healthz", timeout=10) as r:
             assert r.status == 200
         for path, data in (("/filter", b"{}"), ("/metrics", b"x")):
@@ -358,7 +358,7 @@ def test_cli_metrics_listener_is_bounded_and_serves_the_registry() -> None:
     try:
         assert got._server.limits == AGENT_LIMITS  # the agent's bounded /metrics server
         with urllib.request.urlopen(f"http://127.0.0.1:{got.port}/metrics", timeout=10) as r:
-            assert b'gpu_share_extender_requests_total{verb="bind",outcome="ok"} 1.0' in r.read()
+            assert b'gpu_share_extender_requests_total{outcome="ok",verb="bind"} 1.0' in r.read()
     finally:
         got.stop()
 

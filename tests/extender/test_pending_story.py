@@ -54,11 +54,11 @@ def test_pod_that_fits_no_single_device_stays_pending_with_a_reason(
 ) -> None:
     from kubernetes import client as k8s
 
-    from gpu_share.kube.client import make_api_client
+    from testkit.kube_admin import admin_client
 
     env = live_cluster(request, "pending story")
     kubeconfig = env["KUBECONFIG"]
-    api = make_api_client(kubeconfig)
+    api = admin_client(kubeconfig)
     core = k8s.CoreV1Api(api)
     tag = uuid.uuid4().hex[:6]
     ns, sched_name = f"gs-pending-{tag}", f"gpu-share-pending-{tag}"

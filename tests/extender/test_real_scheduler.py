@@ -39,12 +39,12 @@ KEY = b"real-scheduler-test-key-0123456789"
 def test_real_scheduler_matches_simulator(tmp_path: Path, request: pytest.FixtureRequest) -> None:
     from kubernetes import client as k8s  # the test may import it; the package may not
 
-    from gpu_share.kube.client import make_api_client
+    from testkit.kube_admin import admin_client
 
     env = live_cluster(request, "real-scheduler test")
     kubeconfig = env["KUBECONFIG"]
     sched_bin = Path(env["K8S_BIN_DIR"]) / "kube-scheduler"
-    api = make_api_client(kubeconfig)
+    api = admin_client(kubeconfig)
     core = k8s.CoreV1Api(api)
     tag = uuid.uuid4().hex[:6]
     prefix = f"gsr{tag}-"

@@ -83,11 +83,11 @@ def test_model_restricted_pods_land_on_allowed_models_or_stay_pending(
 ) -> None:
     from kubernetes import client as k8s  # the test may import it; the package may not
 
-    from gpu_share.kube.client import make_api_client
+    from testkit.kube_admin import admin_client
 
     env = live_cluster(request, "real-scheduler test")
     kubeconfig = env["KUBECONFIG"]
-    api = make_api_client(kubeconfig)
+    api = admin_client(kubeconfig)
     core = k8s.CoreV1Api(api)
     tag = uuid.uuid4().hex[:6]
     ns, sched_name = f"gs-models-{tag}", f"gpu-share-models-{tag}"

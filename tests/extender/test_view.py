@@ -4,7 +4,6 @@ import json
 from typing import Any
 
 import pytest
-from kubernetes import client as k8s
 
 from gpu_share.kube.cluster_view import KubeClusterView
 from gpu_share.sharing.annotations import (
@@ -28,6 +27,7 @@ from gpu_share.sharing.decision import (
 from gpu_share.sharing.model import ContainerRequest, DeviceShare
 from gpu_share.sharing.placement import Shape, Workload
 from gpu_share.sharing.placement.view import node_slots, pod_usage
+from testkit.kube_admin import idle_api
 
 INV = InventoryAnnotation(
     "n1",
@@ -96,7 +96,7 @@ FOUR = PodAssignment({"c": ContainerAssignment((DeviceShare("GPU-0", 4, 30),), "
 
 def _view() -> KubeClusterView:
     v = KubeClusterView(
-        k8s.ApiClient(),
+        idle_api(),
         domain=DOM,
         memory_resource=MEM,
         core_resource=CORE,
@@ -221,7 +221,7 @@ def test_untrusted_annotations_are_logged_at_most_once_a_minute(
     now = [0.0]
     seen: list[str] = []
     v = KubeClusterView(
-        k8s.ApiClient(), domain=DOM, memory_resource=MEM, core_resource=CORE,
+        idle_api(), domain=DOM, memory_resource=MEM, core_resource=CORE,
         default_workload=Workload([Shape(4, 30, 1.0)]), decision_key=KEY,
         clock=lambda: now[0], on_untrusted=seen.append,
     )
@@ -289,7 +289,7 @@ def test_a_second_bind_elsewhere_keeps_the_first_reservation() -> None:
 
 def test_an_assignment_signed_with_the_previous_key_counts_during_a_rotation() -> None:
     v = KubeClusterView(
-        k8s.ApiClient(), domain=DOM, memory_resource=MEM, core_resource=CORE,
+        idle_api(), domain=DOM, memory_resource=MEM, core_resource=CORE,
         default_workload=Workload([Shape(4, 30, 1.0)]), decision_key=b"the-new-key-0123456",
         previous_keys=(KEY,),
     )

@@ -1,9 +1,6 @@
-"""Fake API servers answering from a handler and recording every request:
-
-- ``fake_rest``: a real HTTP server on loopback for ``kube.rest.RestClient`` (the
-  agent's client), so the real transport (keep-alive, chunked watches, closing) runs;
-- ``fake_api``: replaces the urllib3 pool manager of a generated ``ApiClient`` (the
-  extender's client)."""
+"""A fake API server answering from a handler and recording every request:
+``fake_rest``, a real HTTP server on loopback for ``kube.rest.RestClient`` (the one API
+client), so the real transport (keep-alive, chunked watches, closing) runs."""
 
 from __future__ import annotations
 
@@ -18,9 +15,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
-
-import urllib3
-from kubernetes import client as k8s
 
 
 @dataclass(frozen=True)
@@ -123,54 +117,11 @@ Handler = Callable[[Call], "tuple[int, Any] | FakeStream"]
 
 @dataclass
 class FakeHttp:
+    """The handler of a loopback server and the requests it got."""
+
     handler: Handler
     calls: list[Call] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def request(
-        self,
-        method: str,
-        url: str,
-        body: Any = None,
-        fields: Any = None,
-        timeout: Any = None,
-        headers: Any = None,
-        preload_content: bool = False,
-        **_: Any,
-    ) -> Any:
-        parts = urlsplit(url)
-        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
-        call = Call(
-            method=method,
-            path=parts.path,
-            query=query,
-            headers=dict(headers or {}),
-            body=json.loads(body) if body else None,
-            timeout=timeout,
-        )
-        with self.lock:
-            self.calls.append(call)
-        answer = self.handler(call)
-        if isinstance(answer, FakeStream):
-            return answer
-        status, obj = answer
-        if isinstance(obj, Exception):
-            raise obj
-        data = json.dumps(obj).encode() if obj is not None else b""
-        return urllib3.HTTPResponse(
-            body=data,
-            status=status,
-            reason="OK" if status < 400 else "Error",
-            headers={"Content-Type": "application/json"},
-            preload_content=True,
-        )
-
-
-def fake_api(handler: Handler) -> tuple[k8s.ApiClient, FakeHttp]:
-    api = k8s.ApiClient(k8s.Configuration(host="http://127.0.0.1:9"))
-    http = FakeHttp(handler)
-    api.rest_client.pool_manager = http  # type: ignore[assignment]  # a duck-typed fake
-    return api, http
 
 
 def status_obj(code: int, reason: str = "NotFound", message: str = "nope") -> dict[str, Any]:

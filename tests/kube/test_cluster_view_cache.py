@@ -11,7 +11,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
-from kubernetes import client as k8s
 
 from gpu_share.extender.core import Extender, ExtenderSettings
 from gpu_share.extender.ports import ClusterView
@@ -19,6 +18,7 @@ from gpu_share.kube.cluster_view import PENDING_TTL_S, KubeClusterView
 from gpu_share.sharing.annotations import InventoryAnnotation, InventoryDevice, inventory_key
 from gpu_share.sharing.model import ResourceNames
 from gpu_share.sharing.placement import ClusterPolicy, Shape, Workload, make_policy
+from testkit.kube_admin import idle_api
 
 KEY = b"secret-key-for-tests"
 MEM, CORE = "vendor.com/vcuda-memory", "vendor.com/vcuda-core"
@@ -36,7 +36,7 @@ class Clock:
 def new_view(clock: Callable[[], float] = time.monotonic) -> KubeClusterView:
     """The view of node/pod events applied by hand (``_apply``): its API is never called."""
     return KubeClusterView(
-        k8s.ApiClient(),  # never called: events are applied by hand
+        idle_api(),  # never called: events are applied by hand
         domain="vendor.com",
         memory_resource=MEM,
         core_resource=CORE,

@@ -32,11 +32,11 @@ import yaml
 from kube_fakes import ApiServer, bind_cluster_role
 from kubernetes import client as k8s
 
-from gpu_share.kube.client import make_api_client
 from gpu_share.kube.extender_rbac import EXTENDER_RULES
 from gpu_share.kube.rbac import AGENT_RULES
 from gpu_share.sharing.placement.pod_models import models_key
 from testkit.harness.wait import until
+from testkit.kube_admin import admin_client
 from tests.chart.conftest import CHART, NAMESPACE, RELEASE, helm_path
 
 pytestmark = pytest.mark.apiserver
@@ -142,7 +142,7 @@ def _token_client(
         "KUBERNETES_SERVICE_HOST": "127.0.0.1",
         "KUBERNETES_SERVICE_PORT": str(apiserver.port),
     }
-    api = make_api_client(environ=environ, token_file=str(token), ca_file=apiserver.ca_file)
+    api = admin_client(environ=environ, token_file=str(token), ca_file=apiserver.ca_file)
     return k8s.CoreV1Api(api)
 
 
@@ -189,7 +189,7 @@ def _wait_active(env: Env) -> None:
 @pytest.fixture(scope="module")
 def env(apiserver: ApiServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     policies = rendered_policies()
-    admin_api = make_api_client(apiserver.kubeconfig)
+    admin_api = admin_client(apiserver.kubeconfig)
     admin = k8s.CoreV1Api(admin_api)
     rbac = k8s.RbacAuthorizationV1Api(admin_api)
     adm = k8s.AdmissionregistrationV1Api(admin_api)

@@ -13,13 +13,13 @@ from kube_fakes import ApiServer, bind_cluster_role
 from kubernetes import client as k8s
 
 from gpu_share.config.model import ResourcesConfig
-from gpu_share.kube.client import make_api_client
 from gpu_share.kube.pods import KubePodSource, NodePodCache
 from gpu_share.kube.publish import KubePublisher
 from gpu_share.kube.rbac import AGENT_RULES
 from gpu_share.kube.rest import ApiError, RestClient, make_rest_client
 from gpu_share.sharing.model import ContainerKind, ContainerRequest
 from testkit.harness.wait import until
+from testkit.kube_admin import admin_client
 
 pytestmark = pytest.mark.apiserver
 
@@ -53,7 +53,7 @@ def make_pod(
 @pytest.fixture(scope="module")
 def admin(apiserver: ApiServer) -> k8s.ApiClient:
     """The generated client, for the tests' own setup and checks."""
-    return make_api_client(apiserver.kubeconfig)
+    return admin_client(apiserver.kubeconfig)
 
 
 @pytest.fixture(scope="module")

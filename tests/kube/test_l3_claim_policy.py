@@ -14,7 +14,7 @@ import pytest
 from kube_fakes import ApiServer
 from kubernetes import client as k8s
 
-from gpu_share.kube.client import make_api_client
+from testkit.kube_admin import admin_client
 from tests.kube.policies import rendered_policy
 
 pytestmark = pytest.mark.apiserver
@@ -67,7 +67,7 @@ def _refusal(call: Callable[[], Any]) -> str | None:
 
 @pytest.fixture(scope="module")
 def api(apiserver: ApiServer) -> Iterator[Api]:
-    client = make_api_client(apiserver.kubeconfig)
+    client = admin_client(apiserver.kubeconfig)
     core = k8s.CoreV1Api(client)
     adm = k8s.AdmissionregistrationV1Api(client)
     ns = f"claims-{uuid.uuid4().hex[:6]}"

@@ -13,8 +13,10 @@ import pytest
 from kube_fakes import ApiServer
 from kubernetes import client as k8s
 
-from gpu_share.kube.client import make_api_client
+from gpu_share.errors import BindRefused
+from gpu_share.kube.binder import KubeBinder
 from gpu_share.kube.cluster_view import KubeClusterView
+from gpu_share.kube.rest import make_rest_client
 from gpu_share.sharing.annotations import (
     ContainerAssignment,
     InventoryAnnotation,
@@ -26,6 +28,7 @@ from gpu_share.sharing.annotations import (
 from gpu_share.sharing.model import DeviceShare
 from gpu_share.sharing.placement import NodeSlots, Shape, Workload
 from testkit.harness.wait import until
+from testkit.kube_admin import admin_client
 
 pytestmark = pytest.mark.apiserver
 
@@ -36,8 +39,7 @@ KEY = b"l3-cluster-view-key-0123456789"
 
 @pytest.fixture
 def env(apiserver: ApiServer) -> Iterator[tuple[k8s.CoreV1Api, str, str, KubeClusterView]]:
-    api = make_api_client(apiserver.kubeconfig)
-    core = k8s.CoreV1Api(api)
+    core = k8s.CoreV1Api(admin_client(apiserver.kubeconfig))  # the test's own setup
     tag = uuid.uuid4().hex[:6]
     ns, node = f"cv-{tag}", f"cv-node-{tag}"
     core.create_namespace({"metadata": {"name": ns}})
@@ -51,7 +53,7 @@ def env(apiserver: ApiServer) -> Iterator[tuple[k8s.CoreV1Api, str, str, KubeClu
     alloc = {"cpu": "8", "memory": "32Gi", "pods": "110", MEM: "16", CORE: "100"}
     core.patch_node_status(node, {"status": {"capacity": alloc, "allocatable": alloc}})
     view = KubeClusterView(
-        api,
+        make_rest_client(apiserver.kubeconfig),
         domain="vendor.com",
         memory_resource=MEM,
         core_resource=CORE,
@@ -141,3 +143,25 @@ def test_forged_assignment_annotation_is_ignored(
     )
     until(lambda: view.untrusted["UidMismatch"] >= 1)
     assert gpu_free() == (12, 70)
+
+
+def test_binder_annotates_then_binds_and_a_new_pod_of_the_same_name_is_refused(
+    env: tuple[k8s.CoreV1Api, str, str, KubeClusterView], apiserver: ApiServer,
+) -> None:
+    core, ns, node, view = env
+    binder = KubeBinder(make_rest_client(apiserver.kubeconfig))
+    uid = core.create_namespaced_pod(ns, _pod("b", None, "100m", "64Mi")).metadata.uid
+    binder.annotate_and_bind(ns, "b", uid, node, {"gpu-share.vendor.com/x": "1"})
+    got = core.read_namespaced_pod("b", ns)
+    assert got.spec.node_name == node and got.metadata.annotations["gpu-share.vendor.com/x"] == "1"
+    assert view.pod(ns, "b") is not None and view.pod(ns, "gone") is None
+    # Bound already: the server answers 409, the call did nothing.
+    with pytest.raises(BindRefused, match="409"):
+        binder.annotate_and_bind(ns, "b", uid, node, {})
+    # A same-named pod made after the decision: the uid in the patch makes it a refusal.
+    core.delete_namespaced_pod("b", ns, grace_period_seconds=0)
+    until(lambda: not core.list_namespaced_pod(ns, field_selector="metadata.name=b").items)
+    core.create_namespaced_pod(ns, _pod("b", None, "100m", "64Mi"))
+    with pytest.raises(BindRefused):
+        binder.annotate_and_bind(ns, "b", uid, node, {"gpu-share.vendor.com/x": "2"})
+    assert core.read_namespaced_pod("b", ns).spec.node_name is None

@@ -26,7 +26,6 @@ from kube_fakes import ApiServer, bind_cluster_role
 from kubernetes import client as k8s
 
 from gpu_share.devices.base import Device
-from gpu_share.kube.client import make_api_client
 from gpu_share.kube.rbac import AGENT_RULES, DRA_AGENT_RULES
 from gpu_share.kube.resourceslices import (
     RESOURCE_SLICES,
@@ -39,6 +38,7 @@ from gpu_share.sharing.dra.slices import slice_content
 from gpu_share.sharing.inventory import Inventory
 from gpu_share.sharing.quantity import parse_quantity
 from testkit.harness.wait import until
+from testkit.kube_admin import admin_client
 from tests.chart.conftest import NAMESPACE, RELEASE
 from tests.kube.policies import rendered_policy
 
@@ -220,7 +220,7 @@ def _ensure(call: Callable[[], Any]) -> None:
 @pytest.fixture(scope="module")
 def policy_env(apiserver: ApiServer, tmp_path_factory: pytest.TempPathFactory
                ) -> Iterator[PolicyEnv]:
-    admin_api = make_api_client(apiserver.kubeconfig)
+    admin_api = admin_client(apiserver.kubeconfig)
     core: Any = k8s.CoreV1Api(admin_api)
     rbac: Any = k8s.RbacAuthorizationV1Api(admin_api)
     adm: Any = k8s.AdmissionregistrationV1Api(admin_api)

@@ -1,7 +1,9 @@
-"""L3: the agent's API client (``kube.rest``) authenticates to a real kube-apiserver in
-every mode it supports: client certificate + CA (files, or data in the kubeconfig), a
-bearer token (in the kubeconfig, a token file, the in-cluster service account) whose
-file is re-read when it rotates; a wrong CA is refused, insecure-skip-tls-verify is not."""
+"""L3: the API client (``kube.rest``, every component's) authenticates to a real
+kube-apiserver in every mode it supports: client certificate + CA (files, or data in the
+kubeconfig), a bearer token (in the kubeconfig, a token file, the in-cluster service
+account) whose file is re-read when it rotates, tls-server-name; a wrong CA is refused,
+insecure-skip-tls-verify is not; exec, auth-provider and basic auth are refused with a
+clear error before any request."""
 
 from __future__ import annotations
 
@@ -14,11 +16,11 @@ from typing import Any
 
 import pytest
 from kube_fakes import ApiServer
-from kubernetes import client as k8s
+from kubernetes import client as k8s  # test-side setup only
 
 from gpu_share.errors import KubeAccessError
-from gpu_share.kube.client import make_api_client
 from gpu_share.kube.rest import ApiError, RestClient, make_rest_client
+from testkit.kube_admin import admin_client
 
 pytestmark = pytest.mark.apiserver
 
@@ -43,7 +45,7 @@ def kubeconfig(tmp_path: Path, server: str, cluster: str, user: str) -> str:
 @pytest.fixture(scope="module")
 def tokens(apiserver: ApiServer) -> Iterator[tuple[str, str]]:
     """Two valid tokens of a service account allowed to list the pods of SA_NS."""
-    admin = make_api_client(apiserver.kubeconfig)
+    admin = admin_client(apiserver.kubeconfig)
     core: Any = k8s.CoreV1Api(admin)  # dict bodies: the stubs want models
     core.create_namespace({"metadata": {"name": SA_NS}})
     core.create_namespaced_service_account(SA_NS, {"metadata": {"name": "reader"}})
@@ -159,11 +161,28 @@ def test_token_file_in_kubeconfig(
     eventually(make_rest_client(kc))
 
 
-def test_pod_source_from_a_generated_client(apiserver: ApiServer) -> None:
-    """``gpu-share admin slices`` hands a generated ApiClient to KubePodSource."""
-    from gpu_share.config.model import ResourcesConfig
-    from gpu_share.kube.pods import KubePodSource
+def test_tls_server_name_is_the_name_checked(apiserver: ApiServer, tmp_path: Path) -> None:
+    """The server's certificate names localhost and 127.0.0.1: dialled at 127.0.0.1, the
+    name checked is tls-server-name's."""
+    pki = Path(apiserver.ca_file).parent
+    user = f"client-certificate: {pki / 'admin.crt'}, client-key: {pki / 'admin.key'}"
+    ca = f"certificate-authority: {apiserver.ca_file}"
+    good = kubeconfig(tmp_path, apiserver.url, f"{ca}, tls-server-name: localhost", user)
+    assert make_rest_client(good).get("get", "/api/v1/namespaces/default")["kind"] == "Namespace"
+    bad = kubeconfig(tmp_path, apiserver.url, f"{ca}, tls-server-name: api.example", user)
+    with pytest.raises(KubeAccessError, match=r"api\.example|CERTIFICATE_VERIFY_FAILED"):
+        make_rest_client(bad).get("get", "/api/v1/namespaces/default")
 
-    src = KubePodSource.from_config(make_api_client(apiserver.kubeconfig), ResourcesConfig())
-    assert isinstance(src._api, RestClient)
-    assert src.list_node_pods("no-such-node") == []
+
+@pytest.mark.parametrize("user", [
+    "exec: {apiVersion: client.authentication.k8s.io/v1, command: gke-gcloud-auth-plugin}",
+    "auth-provider: {name: oidc}",
+    "username: admin, password: secret",
+])
+def test_an_unsupported_auth_form_is_refused_before_any_request(
+    apiserver: ApiServer, tmp_path: Path, user: str
+) -> None:
+    kc = kubeconfig(tmp_path, apiserver.url, f"certificate-authority: {apiserver.ca_file}", user)
+    with pytest.raises(KubeAccessError, match="not supported") as ei:
+        make_rest_client(kc)
+    assert ei.value.reason == "KubeConfigInvalid"

@@ -7,16 +7,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from kube_fakes import Call, FakeStream, fake_rest, pod_obj, status_obj
-from kubernetes import client as k8s
 
 from gpu_share.config.model import ResourcesConfig
 from gpu_share.errors import KubeAccessError
-from gpu_share.kube.pods import (
-    KubePodSource,
-    NodePodCache,
-    pod_view_from_dict,
-    pod_view_from_v1,
-)
+from gpu_share.kube.pods import KubePodSource, NodePodCache, pod_view_from_dict
 from gpu_share.kube.rest import KubeTimeouts
 from gpu_share.sharing.model import ContainerKind, ContainerRequest
 from testkit.harness.wait import poll
@@ -108,22 +102,16 @@ def test_custom_resource_names_and_empty_pod() -> None:
     assert bare.containers == () and bare.phase == "Pending" and bare.created_at == 0.0
 
 
-def test_conversion_from_generated_model_matches_json() -> None:
-    pod = k8s.V1Pod(
-        metadata=k8s.V1ObjectMeta(name="p", namespace="ns", uid="u1"),
-        spec=k8s.V1PodSpec(
-            node_name="n",
-            init_containers=[
-                k8s.V1Container(name="side", restart_policy="Always"),
-            ],
-            containers=[
-                k8s.V1Container(
-                    name="c", resources=k8s.V1ResourceRequirements(limits={MEM: "2", CORE: "50"})
-                )
-            ],
-        ),
-    )
-    view = pod_view_from_v1(pod, memory_resource=MEM, core_resource=CORE)
+def test_conversion_of_a_sidecar_and_an_app_container() -> None:
+    pod = {
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+        "spec": {
+            "nodeName": "n",
+            "initContainers": [{"name": "side", "restartPolicy": "Always"}],
+            "containers": [{"name": "c", "resources": {"limits": {MEM: "2", CORE: "50"}}}],
+        },
+    }
+    view = pod_view_from_dict(pod, memory_resource=MEM, core_resource=CORE)
     assert [(c.name, c.kind, c.request) for c in view.containers] == [
         ("side", ContainerKind.SIDECAR, ContainerRequest(0, 0)),
         ("c", ContainerKind.APP, ContainerRequest(2, 50)),

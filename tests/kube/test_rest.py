@@ -4,6 +4,8 @@ watches, against loopback servers (the real API server: test_l3_rest_auth.py).""
 from __future__ import annotations
 
 import base64
+import dataclasses
+import http.client as hc
 import socket
 import subprocess
 import sys
@@ -76,6 +78,9 @@ def test_in_cluster_without_token_file_is_an_access_error(tmp_path: Path) -> Non
         "- a list\n",
         "key: [unclosed\n",
         KUBECONFIG.replace('token: "tok-{port}"', "exec: {{command: gcloud}}"),
+        KUBECONFIG.replace('token: "tok-{port}"', "auth-provider: {{name: oidc}}"),
+        KUBECONFIG.replace('token: "tok-{port}"', "username: a, password: b"),
+        KUBECONFIG.replace("insecure-skip-tls-verify: true", "proxy-url: 'http://p:3128'"),
         KUBECONFIG.replace("https://", "ftp://"),
         KUBECONFIG.replace('token: "tok-{port}"', 'client-certificate-data: "!!"'),
     ],
@@ -111,6 +116,22 @@ def test_agent_path_does_not_import_the_generated_client() -> None:
         " gpu_share.kube.publish, gpu_share.kube.listwatch\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in"
         " ('kubernetes', 'urllib3', 'pydantic_settings'))\n"
+        "print(bad); sys.exit(1 if bad else 0)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_no_component_imports_the_generated_client() -> None:
+    """Every entry point and API module, imported together: no ``kubernetes`` (nor its
+    urllib3) is loaded; ``kube.rest`` is the one client."""
+    mods = ", ".join(f"gpu_share.cli.{m}" for m in (
+        "plugin_main", "extender_main", "webhook_main", "admin", "kubectl_plugin",
+        "kubectl_cordon", "kubectl_fit", "kubectl_plot"))
+    code = (
+        f"import sys, {mods}, gpu_share.kube.cluster_view, gpu_share.kube.binder\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('kubernetes', 'urllib3'))\n"
         "print(bad); sys.exit(1 if bad else 0)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -290,9 +311,39 @@ def test_make_rest_client_applies_timeouts(tmp_path: Path) -> None:
     assert api.t == KubeTimeouts(1.0, 2.0) and api.host == "https://127.0.0.1:4444"
 
 
-def test_rest_client_of_a_generated_client(tmp_path: Path) -> None:
-    from gpu_share.kube.client import make_api_client, rest_client_of
+def test_only_a_failed_connect_is_retried(monkeypatch: pytest.MonkeyPatch) -> None:
+    api, fake = fake_rest(lambda c: (500, status_obj(500, "InternalError", "boom")))
+    api = dataclasses.replace(api, connect_retries=2)
+    real = hc.HTTPConnection.connect
+    refusals = [2]
 
-    api = rest_client_of(make_api_client(write_kubeconfig(tmp_path, 5555)))
-    assert api.config == RestConfig(server="https://127.0.0.1:5555", insecure=True,
-                                    token="tok-5555")
+    def flaky(conn: hc.HTTPConnection) -> None:
+        if refusals[0]:
+            refusals[0] -= 1
+            raise ConnectionRefusedError("refused")
+        real(conn)
+
+    monkeypatch.setattr(hc.HTTPConnection, "connect", flaky)
+    # Two refused connects, then one request; its 500 is not repeated.
+    with pytest.raises(ApiError) as ei:
+        api.get("get", "/api/v1/nodes/a")
+    assert ei.value.status == 500 and len(fake.calls) == 1
+    api.close()  # no idle keep-alive connection: the next request connects
+    refusals[0] = 3  # one more than the retries
+    with pytest.raises(KubeAccessError, match="unreachable: refused"):
+        api.get("get", "/api/v1/nodes/a")
+    assert len(fake.calls) == 1
+
+
+def test_no_connect_retry_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    api, fake = fake_rest(lambda c: (200, {}))
+    tries = []
+
+    def refused(conn: hc.HTTPConnection) -> None:
+        tries.append(1)
+        raise ConnectionRefusedError("refused")
+
+    monkeypatch.setattr(hc.HTTPConnection, "connect", refused)
+    with pytest.raises(KubeAccessError):
+        api.get("get", "/api/v1/nodes/a")
+    assert len(tries) == 1 and not fake.calls

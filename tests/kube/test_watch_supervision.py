@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from kube_fakes import Call, FakeStream, fake_api, fake_rest, pod_obj
+from kube_fakes import Call, FakeStream, fake_rest, pod_obj
 
 from gpu_share.config.model import ResourcesConfig
 from gpu_share.kube.cluster_view import KubeClusterView
@@ -69,7 +69,7 @@ def test_pod_watch_survives_a_nested_array_and_counts_it() -> None:
 
 def test_cluster_view_watches_survive_a_nested_array_and_count_it() -> None:
     handler, counts = _poisoned_then_fine(lambda n: [])
-    api, _ = fake_api(handler)
+    api, _ = fake_rest(handler)
     errors: list[str] = []
     sup = LoopSupervisor(backoff=FAST)
     view = KubeClusterView(

@@ -145,7 +145,7 @@ def _validate(path: str, count: int | None, memory_mib: int | None) -> int:
 
 
 def _slices(node: str, kubeconfig: str | None, domain: str) -> int:
-    # Imported lazily: the other subcommands must not need the kubernetes client.
+    # Imported lazily: the other subcommands need no API client.
     from gpu_share.config.model import ResourcesConfig
     from gpu_share.kube.pods import KubePodSource
     from gpu_share.kube.rest import make_rest_client

@@ -24,8 +24,8 @@ from gpu_share.extender.core import Extender, ExtenderSettings
 from gpu_share.extender.http import EXTENDER_LIMITS, make_server
 from gpu_share.extender.ports import ClusterView
 from gpu_share.kube.binder import KubeBinder
-from gpu_share.kube.client import make_api_client
 from gpu_share.kube.cluster_view import KubeClusterView
+from gpu_share.kube.rest import make_rest_client
 from gpu_share.observability.http import (
     BoundedServer,
     HttpHandle,
@@ -225,7 +225,10 @@ def _previous_keys(key_file: str) -> tuple[bytes, ...]:
 def _extender(
     a: argparse.Namespace, names: ResourceNames, key: bytes, metrics: ExtenderMetrics
 ) -> tuple[KubeClusterView, Extender]:
-    api = make_api_client(a.kubeconfig)
+    # Failed connects are retried twice: a scheduling cycle tolerates a short pause
+    # better than a failed filter.
+    api = make_rest_client(a.kubeconfig)
+    api.connect_retries = 2
     view = KubeClusterView(
         api,
         domain=a.domain,

@@ -1,5 +1,5 @@
-"""gpu_share.kube: API server access (the only home of the ``kubernetes`` package).
+"""gpu_share.kube: API server access, on one client (``kube.rest``; no ``kubernetes``).
 
-Import from the submodules (client, pods, publish, rbac); this file stays empty so
-that reading ``rbac`` does not load the kubernetes client.
+Import from the submodules (rest, pods, publish, rbac); this file stays empty so that
+reading ``rbac`` loads no client.
 """

@@ -24,10 +24,8 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
-from kubernetes import client as k8s
-
-from gpu_share.kube.client import KubeTimeouts, access_error, call_json
-from gpu_share.kube.listwatch import ListWatch, WatchBackoff, kube_watch, paged_list
+from gpu_share.kube.listwatch import ListWatch, WatchBackoff, rest_paged_kept, rest_watch
+from gpu_share.kube.rest import ApiError, KubeTimeouts, RestClient, quote_name
 from gpu_share.kube.view_objects import allocatable, slim_node, slim_pod
 from gpu_share.kube.view_trust import AnnotationTrust
 from gpu_share.observability.loops import LoopSupervisor
@@ -50,6 +48,7 @@ WATCH_BACKOFF = WatchBackoff(0.5, 30.0)  # pause after failed watches (jittered,
 WATCH_RESYNC_S = 1800.0  # a full relist now and then repairs any event missed
 # A quiet watch beats once per WATCH_TIMEOUT_S; room for a read timeout and a pause.
 WATCH_MAX_AGE_S = WATCH_TIMEOUT_S + 180.0
+_PATHS = {"nodes": "/api/v1/nodes", "pods": "/api/v1/pods"}  # what -> its list path
 # (memory units, cores, host cpu m, host memory Mi, models) of one container's ask
 _ShapeKey = tuple[int, int, int, int, ModelReq]
 
@@ -57,7 +56,7 @@ _ShapeKey = tuple[int, int, int, int, ModelReq]
 class KubeClusterView:
     def __init__(
         self,
-        api_client: k8s.ApiClient,
+        api: RestClient,
         *,
         domain: str,
         memory_resource: str,
@@ -74,8 +73,9 @@ class KubeClusterView:
         """``decision_key``: the extender's HMAC key; pod annotations that do not verify
         under it (or under ``previous_keys``, a rotation's) are ignored.
         ``on_untrusted(reason)``: called per ignored annotation (a metric hook).
-        ``on_error(watch name)``: called per failed watch pass."""
-        self._core = k8s.CoreV1Api(api_client)
+        ``on_error(watch name)``: called per failed watch pass. ``timeouts`` replace
+        the client's own when given."""
+        self._api = api if timeouts is None else replace(api, timeouts=timeouts)
         self._domain = domain
         self._key = decision_key
         self._verifier = AnnotationTrust(domain, (decision_key, *previous_keys), clock,
@@ -95,7 +95,6 @@ class KubeClusterView:
         self._model_label = model_label  # node label naming the GPU model (placement.pod_models)
         self._model: dict[str, str] = {}  # node -> its model as requirements name it
         self._unavailable: dict[str, str] = {}  # node -> why it takes no new slice
-        self._t = timeouts or KubeTimeouts()
         self._clock = clock
         self._lock = threading.Lock()
         self._nodes: dict[str, InventoryAnnotation] = {}
@@ -125,7 +124,7 @@ class KubeClusterView:
             what: ListWatch(
                 f"view-{what}",
                 partial(self._list, what),
-                kube_watch(fn, f"watch {what}", self._t),
+                rest_watch(self._api, f"watch {what}", _PATHS[what]),
                 on_list=partial(self._replace, what),
                 on_event=partial(self._apply, what),
                 stop=self._stop,
@@ -134,10 +133,7 @@ class KubeClusterView:
                 backoff=WATCH_BACKOFF,
                 on_error=on_error,
             )
-            for what, fn in (
-                ("nodes", self._core.list_node),
-                ("pods", self._core.list_pod_for_all_namespaces),
-            )
+            for what in _PATHS
         }
 
     # -- ClusterView
@@ -261,14 +257,13 @@ class KubeClusterView:
     def pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         op = f"get pod {namespace}/{name}"
         try:
-            obj: Mapping[str, Any] = call_json(
-                op, self._core.read_namespaced_pod, name, namespace, timeouts=self._t
-            )
+            obj: Mapping[str, Any] = self._api.get(
+                op, f"/api/v1/namespaces/{quote_name(namespace)}/pods/{quote_name(name)}")
             return obj
-        except k8s.ApiException as e:
+        except ApiError as e:
             if e.status == 404:
                 return None
-            raise access_error(op, e) from e
+            raise
 
     # -- watch
     def start(self, loops: LoopSupervisor | None = None) -> None:
@@ -399,11 +394,8 @@ class KubeClusterView:
             _discard(self._on_node, old, uid)
 
     def _list(self, what: str) -> tuple[list[dict[str, Any]], str]:
-        if what == "nodes":
-            return paged_list("list nodes", self._core.list_node, self._t, keep=slim_node)
-        return paged_list(
-            "list pods", self._core.list_pod_for_all_namespaces, self._t, keep=slim_pod
-        )
+        keep = slim_node if what == "nodes" else slim_pod
+        return rest_paged_kept(self._api, f"list {what}", _PATHS[what], {}, keep=keep)
 
     def _replace(self, what: str, items: Sequence[Mapping[str, Any]]) -> None:
         """A fresh list: forget what the last one and its watch said."""

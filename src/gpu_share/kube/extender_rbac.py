@@ -12,7 +12,7 @@ EXTENDER_RULES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("", "pods", ("get", "list", "watch")),
     # The decision annotation, written before binding.
     ("", "pods", ("patch",)),
-    # The binding itself: POST /api/v1/namespaces/{ns}/bindings (create_namespaced_binding)
-    # is authorized as resource "bindings", not "pods/binding" (L3-tested).
+    # The binding itself: POST /api/v1/namespaces/{ns}/bindings is authorized as
+    # resource "bindings", not "pods/binding" (L3-tested).
     ("", "bindings", ("create",)),
 )

@@ -18,16 +18,13 @@ the list (``on_list``: replace everything) and each event in order (``on_event``
   (``LoopSupervisor.beater``) shows a live watch; ``start(loops)`` runs ``run`` under
   ``LoopSupervisor.spawn`` with that heartbeat.
 
-The API is two callables (``list_fn``, ``watch_fn``), so tests pass fakes. The agent
-builds them on ``kube.rest`` (``rest_watch``, ``rest_paged_list``); the extender on the
-generated client (``kube_watch``, ``paged_list``, which import it when called, so that
-the agent's path never loads it).
+The API is two callables (``list_fn``, ``watch_fn``), so tests pass fakes. The agent and
+the extender build them on ``kube.rest`` (``rest_watch``, ``rest_paged_list``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import random
 import threading
@@ -37,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gpu_share.errors import KubeAccessError
-from gpu_share.kube.rest import ApiError, KubeTimeouts, RestClient
+from gpu_share.kube.rest import ApiError, RestClient
 from gpu_share.observability.loops import LoopSupervisor, describe_error
 
 log = logging.getLogger(__name__)
@@ -48,8 +45,7 @@ __all__ = [
     "WatchBackoff",
     "WatchEventError",
     "WatchStream",
-    "kube_watch",
-    "paged_list",
+    "rest_paged_kept",
     "rest_paged_list",
     "rest_watch",
 ]
@@ -319,40 +315,6 @@ class ListWatch:
             self.failures = 0
 
 
-# ---------------------------------------------------------------- the generated client
-
-
-class KubeWatchStream:
-    """A streaming watch answer (urllib3, ``_preload_content=False``) as decoded events."""
-
-    def __init__(self, resp: Any, op: str) -> None:
-        self._resp = resp
-        self._op = op
-
-    def __iter__(self) -> Iterator[Mapping[str, Any]]:
-        import urllib3
-
-        try:
-            for line in _lines(self._resp):
-                event = json.loads(line)
-                if not isinstance(event, dict):
-                    raise WatchEventError(f"{self._op}: a watch line is not an object")
-                yield event
-        except (urllib3.exceptions.HTTPError, OSError) as e:
-            raise KubeAccessError(f"{self._op}: {e}") from e
-
-    def interrupt(self) -> None:
-        # urllib3 >= 2.3 can unblock a read from another thread; older ones stop at the
-        # next event or at the server-side watch timeout.
-        if hasattr(self._resp, "shutdown"):
-            self._resp.shutdown()
-
-    def close(self) -> None:
-        # Close, never release: a watch connection that was shut down (or cut
-        # mid-stream) returned to the shared pool makes the next request hang.
-        self._resp.close()
-
-
 def _lines(resp: Any) -> Iterator[bytes]:
     """Newline-delimited JSON events of a streaming answer."""
     buf = bytearray()
@@ -369,39 +331,6 @@ def _lines(resp: Any) -> Iterator[bytes]:
             raise WatchEventError(f"a watch event is larger than {MAX_EVENT_BYTES} bytes")
     if bytes(buf).strip():
         yield bytes(buf)
-
-
-def kube_watch(fn: Any, op: str, timeouts: KubeTimeouts, **selectors: Any) -> WatchFn:
-    """A ``WatchFn`` over a generated list method (``list_node``,
-    ``list_pod_for_all_namespaces``) with ``selectors`` (``field_selector=...``)."""
-
-    import urllib3
-    from kubernetes import client as k8s
-
-    from gpu_share.kube.client import access_error
-
-    def open_watch(rv: str, timeout_s: int) -> WatchStream:
-        try:
-            resp = fn(
-                watch=True,
-                resource_version=rv,
-                allow_watch_bookmarks=True,
-                timeout_seconds=timeout_s,
-                _preload_content=False,
-                # The server ends the watch after timeout_s; the read timeout only
-                # catches a connection that went silent without closing.
-                _request_timeout=(timeouts.connect, timeout_s + timeouts.read),
-                **selectors,
-            )
-        except k8s.ApiException as e:
-            if e.status == 410:
-                raise ResourceExpired(op) from e
-            raise access_error(op, e) from e
-        except (urllib3.exceptions.HTTPError, OSError) as e:
-            raise KubeAccessError(f"{op}: API server unreachable: {e}") from e
-        return KubeWatchStream(resp, op)
-
-    return open_watch
 
 
 def _all_pages(
@@ -428,35 +357,7 @@ def _all_pages(
     raise KubeAccessError(f"{op}: too many pages")
 
 
-def paged_list(
-    op: str,
-    fn: Any,
-    timeouts: KubeTimeouts,
-    *,
-    page_size: int = 500,
-    keep: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-    **selectors: Any,
-) -> tuple[list[dict[str, Any]], str]:
-    """Every object a generated list method answers, page by page (each trimmed by
-    ``keep``), and the list's resourceVersion. Raises KubeAccessError."""
-    from kubernetes import client as k8s
-
-    from gpu_share.kube.client import access_error, call_json
-
-    def page(cont: str | None) -> Mapping[str, Any]:
-        kwargs: dict[str, Any] = {"limit": page_size, **selectors}
-        if cont:
-            kwargs["_continue"] = cont
-        try:
-            answer: Mapping[str, Any] = call_json(op, fn, timeouts=timeouts, **kwargs)
-        except k8s.ApiException as e:
-            raise access_error(op, e) from e
-        return answer
-
-    return _all_pages(op, page, keep)
-
-
-# ---------------------------------------------------------------- kube.rest (the agent)
+# ---------------------------------------------------------------- on kube.rest
 
 
 def rest_watch(api: RestClient, op: str, path: str, **selectors: str) -> WatchFn:
@@ -483,6 +384,14 @@ def rest_paged_list(
 ) -> tuple[list[dict[str, Any]], str]:
     """Every object of a list path, page by page, and the list's resourceVersion.
     Raises KubeAccessError."""
+    return rest_paged_kept(api, op, path, selectors, page_size=page_size)
+
+
+def rest_paged_kept(
+    api: RestClient, op: str, path: str, selectors: Mapping[str, str], *,
+    page_size: int = 500, keep: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+) -> tuple[list[dict[str, Any]], str]:
+    """``rest_paged_list`` with each item trimmed by ``keep`` as its page arrives."""
 
     def page(cont: str | None) -> Mapping[str, Any]:
         query: dict[str, Any] = {"limit": page_size, **selectors}
@@ -491,4 +400,4 @@ def rest_paged_list(
         answer: Mapping[str, Any] = api.get(op, path, query)
         return answer
 
-    return _all_pages(op, page)
+    return _all_pages(op, page, keep)

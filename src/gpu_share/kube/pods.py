@@ -1,9 +1,9 @@
 """Pods from the API server as ``sharing.model.PodView``.
 
-``KubePodSource`` answers each call with one API request (``kube.rest``: no generated
-client on the agent's path). ``NodePodCache`` keeps the
-pods of one node in memory through list+watch (a thread) so that the allocation path
-needs no request at all for a pod the watch delivered; ``fetch`` reads one on a miss.
+``KubePodSource`` answers each call with one API request (``kube.rest``).
+``NodePodCache`` keeps the pods of one node in memory through list+watch (a thread) so
+that the allocation path needs no request at all for a pod the watch delivered;
+``fetch`` reads one on a miss.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpu_share.config.model import ResourcesConfig
 from gpu_share.kube.listwatch import (
@@ -28,13 +28,10 @@ from gpu_share.observability.loops import LoopSupervisor
 from gpu_share.sharing.model import PodView
 from gpu_share.sharing.placement.pod_request import read_pod_request
 
-if TYPE_CHECKING:
-    from kubernetes import client as k8s
-
 log = logging.getLogger(__name__)
 ANNOTATION_PREFIX = "gpu-share."  # every annotation gpu-share writes or reads
 
-__all__ = ["KubePodSource", "NodePodCache", "pod_view_from_dict", "pod_view_from_v1"]
+__all__ = ["KubePodSource", "NodePodCache", "pod_view_from_dict"]
 
 
 # ---------------------------------------------------------------- conversion
@@ -78,15 +75,6 @@ def pod_view_from_dict(
     )
 
 
-def pod_view_from_v1(pod: k8s.V1Pod, *, memory_resource: str, core_resource: str) -> PodView:
-    """A generated ``V1Pod`` model -> PodView (via its JSON form)."""
-    from kubernetes import client as k8s_client
-
-    api: Any = k8s_client.ApiClient()
-    obj = api.sanitize_for_serialization(pod)
-    return pod_view_from_dict(obj, memory_resource=memory_resource, core_resource=core_resource)
-
-
 # ---------------------------------------------------------------- direct source
 
 
@@ -111,15 +99,11 @@ class KubePodSource:
     @classmethod
     def from_config(
         cls,
-        api: RestClient | object,
+        api: RestClient,
         resources: ResourcesConfig,
         *,
         timeouts: KubeTimeouts | None = None,
     ) -> KubePodSource:
-        if not isinstance(api, RestClient):  # a generated ApiClient (gpu-share admin)
-            from gpu_share.kube.client import rest_client_of
-
-            api = rest_client_of(api)
         return cls(
             api,
             memory_resource=resources.memory_resource,

@@ -1,13 +1,13 @@
-"""Where the API server is and how the agent's client (``kube.rest``) authenticates.
+"""Where the API server is and how ``kube.rest`` (the one API client) authenticates.
 
-In the order of ``client.make_api_client``: an explicit kubeconfig; the in-cluster
+In this order: an explicit kubeconfig; the in-cluster
 service account (``KUBERNETES_SERVICE_HOST`` / ``_PORT``, the token and CA under
 /var/run/secrets/kubernetes.io/serviceaccount); the first existing file of
 ``KUBECONFIG``; ``~/.kube/config``. From a kubeconfig: the current (or given) context's
 server, CA (file or data, or insecure-skip-tls-verify), client certificate and key (file
-or data), bearer token or token file. Exec and auth-provider plugins are not supported
-(refused with a clear error). A token file is re-read when it changes (bound
-service-account tokens rotate).
+or data), bearer token or token file, tls-server-name. Exec and auth-provider plugins,
+basic auth (username/password) and proxy-url are not supported (refused with a clear
+error). A token file is re-read when it changes (bound service-account tokens rotate).
 """
 
 from __future__ import annotations
@@ -89,6 +89,20 @@ def _b64(text: Any, key: str) -> bytes:
         raise _config_error(f"kubeconfig {key} is not base64: {e}") from e
 
 
+def _refuse_unsupported(path: str, cluster: dict[str, Any], user: dict[str, Any]) -> None:
+    """Refuse what the client cannot honour rather than connect without it."""
+    for plugin in ("exec", "auth-provider"):
+        if user.get(plugin):
+            raise _config_error(f"{path}: user {plugin} plugins are not supported by"
+                                " gpu-share's API client; use a token, a token file or a"
+                                " client certificate")
+    if user.get("username") or user.get("password"):
+        raise _config_error(f"{path}: basic auth (username/password) is not supported;"
+                            " use a token, a token file or a client certificate")
+    if cluster.get("proxy-url"):
+        raise _config_error(f"{path}: cluster proxy-url is not supported")
+
+
 def kubeconfig_config(path: str, context: str | None = None) -> RestConfig:
     """The server and credentials of ``context`` (default: current-context) of a
     kubeconfig file; relative file paths are relative to the file's directory."""
@@ -109,10 +123,7 @@ def kubeconfig_config(path: str, context: str | None = None) -> RestConfig:
     server = str(cluster.get("server") or "")
     if not server.startswith(("https://", "http://")):
         raise _config_error(f"{path}: cluster server {server!r} is not an http(s) URL")
-    for plugin in ("exec", "auth-provider"):
-        if user.get(plugin):
-            raise _config_error(f"{path}: user {plugin} plugins are not supported by the"
-                                " agent's API client; use a token or a client certificate")
+    _refuse_unsupported(path, cluster, user)
     base = Path(path).resolve().parent
 
     def file_of(key: str) -> str | None:

@@ -1,0 +1,58 @@
+"""API clients for tests.
+
+- ``admin_client``: a generated ``kubernetes`` client for the tests' own setup and checks
+  (namespaces, RBAC, admission objects, typed reads), configured by the product's one
+  loader (``kube.rest_config``). Test-side only: gpu_share never imports ``kubernetes``;
+  the code under test gets a ``kube.rest.RestClient``.
+- ``idle_api``: a ``RestClient`` for code under test that must never call it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpu_share.kube.rest import RestClient
+from gpu_share.kube.rest_config import (
+    SERVICE_CA_FILE,
+    SERVICE_TOKEN_FILE,
+    RestConfig,
+    load_rest_config,
+)
+
+if TYPE_CHECKING:
+    from kubernetes import client as k8s
+
+
+def idle_api() -> RestClient:
+    """A client of a port nothing listens on (calls fail at once)."""
+    return RestClient(RestConfig(server="http://127.0.0.1:9"))
+
+
+def admin_client(
+    kubeconfig: str | None = None,
+    *,
+    context: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    token_file: str = SERVICE_TOKEN_FILE,
+    ca_file: str = SERVICE_CA_FILE,
+) -> k8s.ApiClient:
+    """An ApiClient for what ``load_rest_config`` reads (files, not inline data; a token
+    file is read once)."""
+    from kubernetes import client as k8s  # imported here: idle_api needs none
+
+    cfg = load_rest_config(kubeconfig, context=context, environ=environ,
+                           token_file=token_file, ca_file=ca_file)
+    if cfg.ca_data or cfg.cert_data or cfg.key_data:
+        raise ValueError("admin_client: inline certificate data is not supported")
+    c: Any = k8s.Configuration()
+    c.host = cfg.server
+    c.verify_ssl = not cfg.insecure
+    c.ssl_ca_cert = cfg.ca_file
+    c.cert_file, c.key_file = cfg.cert_file, cfg.key_file
+    c.tls_server_name = cfg.tls_server_name
+    token = cfg.token or (Path(cfg.token_file).read_text().strip() if cfg.token_file else None)
+    if token:
+        c.api_key = {"authorization": f"Bearer {token}"}
+    return k8s.ApiClient(configuration=c)
