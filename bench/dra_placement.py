@@ -513,8 +513,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     from kubernetes import client as k8s
 
-    from gpu_share.kube.client import make_api_client
     from testkit.harness import cluster_info, cluster_is_up, cluster_lock
+    from testkit.kube_admin import admin_client
 
     a = _args(argv)
     # A plain SIGTERM (e.g. timeout(1)) still runs the clean-up in the finally blocks.
@@ -525,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     kubeconfig = info.env["KUBECONFIG"]
     binary = Path(a.scheduler or Path(info.env["K8S_BIN_DIR"]) / "kube-scheduler")
-    api = make_api_client(kubeconfig)
+    api = admin_client(kubeconfig)
     server = k8s.VersionApi(api).get_code().git_version
     version = binary_version(binary)
     problem = skew_problem(version, server)

@@ -286,8 +286,9 @@ def main(argv: list[str] | None = None) -> int:
 def _main(a: argparse.Namespace) -> int:
     from kubernetes import client as k8s
 
-    from gpu_share.kube.client import make_api_client, rest_client_of
+    from gpu_share.kube.rest import make_rest_client
     from testkit.harness import cluster_info, cluster_is_up, cluster_lock
+    from testkit.kube_admin import admin_client
 
     info = cluster_info()
     if info.problem or not cluster_is_up():
@@ -308,13 +309,14 @@ def _main(a: argparse.Namespace) -> int:
            f"asking {arrived:.1f} % of the GPUs; simulator (fgd) {sim_alloc:.2f} % "
            f"in {time.monotonic() - t0:.0f}s")
     kwok_bin = cl.kwok_binary()
-    api = make_api_client(info.env["KUBECONFIG"])
+    api = admin_client(info.env["KUBECONFIG"])
+    rest = make_rest_client(info.env["KUBECONFIG"])
     results: list[model.PathFigures] = []
     with (
         cluster_lock(a.lock_timeout, on_wait=lambda: cl.log("waiting for the cluster lock...")),
         tempfile.TemporaryDirectory(prefix="gs-scale-") as tmp,
     ):
-        env = cl.Env(api, k8s.CoreV1Api(api), k8s.CustomObjectsApi(api), rest_client_of(api),
+        env = cl.Env(api, k8s.CoreV1Api(api), k8s.CustomObjectsApi(api), rest,
                      info.env["KUBECONFIG"],
                      tag, Path(tmp), Path(info.env["K8S_BIN_DIR"]))
         wl_file = None

@@ -50,14 +50,25 @@ def _timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def _count(key: str) -> None:
+    with _LOCK:
+        _API[key] = _API.get(key, 0) + 1
+
+
 def _counted(fn: Callable[..., Any]) -> Callable[..., Any]:
-    def wrapper(self: Any, method: str, url: str, *a: Any, **kw: Any) -> Any:
-        query = url.partition("?")[2].split("&")
-        watch = any(q in ("watch=true", "watch=True", "watch=1") for q in query)
-        key = f"{method} {'watch' if watch else _kind(url)}"
-        with _LOCK:
-            _API[key] = _API.get(key, 0) + 1
-        return fn(self, method, url, *a, **kw)
+    """``RestClient.request``: one count per call, by method and kind."""
+    def wrapper(self: Any, op: str, method: str, path: str, *a: Any, **kw: Any) -> Any:
+        _count(f"{method} {_kind(path)}")
+        return fn(self, op, method, path, *a, **kw)
+
+    return wrapper
+
+
+def _counted_watch(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``RestClient.watch``: a watch counts once."""
+    def wrapper(self: Any, *a: Any, **kw: Any) -> Any:
+        _count("GET watch")
+        return fn(self, *a, **kw)
 
     return wrapper
 
@@ -85,14 +96,14 @@ def _write(path: Path) -> None:
 
 
 def _instrument() -> None:
-    from kubernetes.client import rest
-
     from gpu_share.extender.core import Extender
     from gpu_share.kube.cluster_view import KubeClusterView
+    from gpu_share.kube.rest import RestClient
 
     for verb in ("filter", "prioritize", "bind"):
         setattr(Extender, verb, _timed(verb, getattr(Extender, verb)))
-    rest.RESTClientObject.request = _counted(rest.RESTClientObject.request)  # type: ignore[method-assign]
+    RestClient.request = _counted(RestClient.request)  # type: ignore[method-assign]
+    RestClient.watch = _counted_watch(RestClient.watch)  # type: ignore[method-assign]
 
     start, synced = KubeClusterView.start, KubeClusterView.wait_synced
 

@@ -167,8 +167,9 @@ def _main(a: argparse.Namespace) -> int:
     from kubernetes import client as k8s
 
     from bench.scale.__main__ import free_port
-    from gpu_share.kube.client import make_api_client, rest_client_of
+    from gpu_share.kube.rest import make_rest_client
     from testkit.harness import cluster_info, cluster_is_up, cluster_lock
+    from testkit.kube_admin import admin_client
 
     info = cluster_info()
     if info.problem or not cluster_is_up():
@@ -185,12 +186,13 @@ def _main(a: argparse.Namespace) -> int:
               for i, (p, pl) in enumerate(zip(pods, placed, strict=True))]
     n_bound = sum(pl is not None for pl in placed)
     cl.log(f"{len(nodes)} nodes, {len(pods)} pods ({n_bound} bound by the simulator)")
-    api = make_api_client(info.env["KUBECONFIG"])
+    api = admin_client(info.env["KUBECONFIG"])
+    rest = make_rest_client(info.env["KUBECONFIG"])
     with (
         cluster_lock(a.lock_timeout, on_wait=lambda: cl.log("waiting for the cluster lock...")),
         tempfile.TemporaryDirectory(prefix="gs-viewmem-") as tmp,
     ):
-        env = cl.Env(api, k8s.CoreV1Api(api), k8s.CustomObjectsApi(api), rest_client_of(api),
+        env = cl.Env(api, k8s.CoreV1Api(api), k8s.CustomObjectsApi(api), rest,
                      info.env["KUBECONFIG"], tag, Path(tmp), Path(info.env["K8S_BIN_DIR"]))
         wl_file = env.workdir / "workload.json"
         wl_file.write_text(json.dumps(
