@@ -1,22 +1,25 @@
 """L3: the extender's cluster view on a real kube-apiserver + etcd: host CPU/memory of a
 node = its allocatable minus the requests of every pod bound to it (ours or not), plus
 bind reservations until the watch shows the pod; pod annotations count only when signed
-for that pod on that node."""
+for that pod on that node. The binder annotates (uid-checked) then binds; the view and
+the binder work in-cluster with exactly EXTENDER_RULES."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
-from kube_fakes import ApiServer
+from kube_fakes import ApiServer, bind_cluster_role
 from kubernetes import client as k8s
 
-from gpu_share.errors import BindRefused
+from gpu_share.errors import BindRefused, KubeAccessError
 from gpu_share.kube.binder import KubeBinder
 from gpu_share.kube.cluster_view import KubeClusterView
-from gpu_share.kube.rest import make_rest_client
+from gpu_share.kube.extender_rbac import EXTENDER_RULES
+from gpu_share.kube.rest import ApiError, make_rest_client
 from gpu_share.sharing.annotations import (
     ContainerAssignment,
     InventoryAnnotation,
@@ -165,3 +168,54 @@ def test_binder_annotates_then_binds_and_a_new_pod_of_the_same_name_is_refused(
     with pytest.raises(BindRefused):
         binder.annotate_and_bind(ns, "b", uid, node, {"gpu-share.vendor.com/x": "2"})
     assert core.read_namespaced_pod("b", ns).spec.node_name is None
+
+
+def _allowed(fn: Any) -> bool:
+    try:
+        fn()
+    except KubeAccessError as e:
+        if e.reason == "KubeForbidden":
+            return False
+        raise
+    return True
+
+
+def test_extender_works_in_cluster_with_exactly_its_rbac_rules(
+    env: tuple[k8s.CoreV1Api, str, str, KubeClusterView], apiserver: ApiServer, tmp_path: Path,
+) -> None:
+    """The extender's view and binder through the in-cluster path (service env, token
+    file, CA) as a service account bound to a ClusterRole of EXTENDER_RULES only."""
+    core, ns, node, _ = env
+    admin = admin_client(apiserver.kubeconfig)
+    setup: Any = k8s.CoreV1Api(admin)  # dict bodies: the stubs want models
+    tag = uuid.uuid4().hex[:6]
+    sa_ns = f"ext-sa-{tag}"
+    setup.create_namespace({"metadata": {"name": sa_ns}})
+    setup.create_namespaced_service_account(sa_ns, {"metadata": {"name": "extender"}})
+    rules = [{"apiGroups": [g], "resources": [r], "verbs": list(v)} for g, r, v in EXTENDER_RULES]
+    bind_cluster_role(k8s.RbacAuthorizationV1Api(admin), f"gpu-share-extender-{tag}", rules,
+                      sa_ns, "extender")
+    tr = setup.create_namespaced_service_account_token(
+        "extender", sa_ns, {"spec": {"expirationSeconds": 3600}})
+    token = tmp_path / "token"
+    token.write_text(tr.status.token)
+    environ = {"KUBERNETES_SERVICE_HOST": "127.0.0.1",
+               "KUBERNETES_SERVICE_PORT": str(apiserver.port)}
+    api = make_rest_client(environ=environ, token_file=str(token), ca_file=apiserver.ca_file)
+    until(lambda: _allowed(lambda: api.get("list nodes", "/api/v1/nodes", {"limit": 1})))
+    view = KubeClusterView(api, domain="vendor.com", memory_resource=MEM, core_resource=CORE,
+                           default_workload=Workload([Shape(4, 30, 1.0)]), decision_key=KEY)
+    view.start()
+    try:
+        assert view.wait_synced(15)  # list + watch of nodes and pods allowed
+        until(lambda: view.node(node) is not None)
+        uid = core.create_namespaced_pod(ns, _pod("sa", None, "100m", "64Mi")).metadata.uid
+        KubeBinder(api).annotate_and_bind(ns, "sa", uid, node, {"gpu-share.vendor.com/x": "1"})
+        assert core.read_namespaced_pod("sa", ns).spec.node_name == node
+        assert view.pod(ns, "sa") is not None
+    finally:
+        view.stop()
+    # ... and nothing more: no pod creation, no secrets.
+    with pytest.raises(ApiError) as ei:
+        api.get("list secrets", f"/api/v1/namespaces/{ns}/secrets")
+    assert ei.value.status == 403
