@@ -17,7 +17,7 @@ carries it).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
@@ -62,6 +62,16 @@ def read_value(model: type[T] | TypeAdapter[T], value: Any, what: str,
         return adapter.validate_python(value)
     except ValidationError as exc:
         raise error(f"{what}: {explain(exc)}") from None
+
+
+def section(value: Any, where: str, error: ErrorFactory) -> Mapping[str, Any]:
+    """An optional object inside a larger document read field by field (a pod spec's
+    ``resources``, ``limits``): absent is empty, anything but an object is an error."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise error(f"{where}: must be an object")
+    return value
 
 
 def explain(exc: ValidationError) -> str:

@@ -33,6 +33,7 @@ from gpu_share.sharing.inventory import CORES_PER_DEVICE
 from gpu_share.sharing.model import ContainerView, ResourceNames
 from gpu_share.sharing.placement.pod_request import PodRequestError, amount, parse_pod_request
 from gpu_share.sharing.quantity import QuantityError, parse_quantity
+from gpu_share.sharing.untrusted import section
 
 __all__ = [
     "API_VERSION",
@@ -194,17 +195,9 @@ def _check_shape(shape: ClaimShape, where: str, unit_mib: int) -> None:
         raise ClaimRequestError(f"{where}: {shape.memory_units} memory units is too large")
 
 
-def _as_mapping(value: Any, where: str) -> Mapping[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise ClaimRequestError(f"{where}: must be an object")
-    return value
-
-
 def _check_limits_match(resources: Mapping[str, Any], where: str, names: ResourceNames) -> None:
-    limits = _as_mapping(resources.get("limits"), f"{where}.limits")
-    requests = _as_mapping(resources.get("requests"), f"{where}.requests")
+    limits = section(resources.get("limits"), f"{where}.limits", ClaimRequestError)
+    requests = section(resources.get("requests"), f"{where}.requests", ClaimRequestError)
     for name in (names.memory, names.core):
         if name not in limits or name not in requests:
             continue
@@ -293,7 +286,7 @@ def _parse(pod: Any, s: TranslationSettings) -> tuple[Mapping[str, Any], tuple[C
     if not isinstance(pod, Mapping):
         raise ClaimRequestError("the pod must be an object")
     views = parse_pod_request(pod, s.names.memory, s.names.core, placement=False).containers
-    return _as_mapping(pod.get("spec"), "spec"), views
+    return section(pod.get("spec"), "spec", ClaimRequestError), views
 
 
 def translate_pod(pod: Any, namespace: str, s: TranslationSettings) -> Translation:
@@ -315,7 +308,8 @@ def _translate(pod: Any, namespace: str, s: TranslationSettings) -> Translation:
     adds: list[dict[str, Any]] = []
     claims: list[ContainerClaim] = []
     for (field, i, c), view in zip(_slots(spec), views, strict=True):
-        resources = _as_mapping(c.get("resources"), f"spec.{field}[{i}].resources")
+        at = f"spec.{field}[{i}].resources"
+        resources = section(c.get("resources"), at, ClaimRequestError)
         ops += _removals(resources, ("spec", field, i), s.names)
         got = _container_claim(field, i, view, resources, s)
         if got is not None:

@@ -29,6 +29,7 @@ from gpu_share.sharing.model import ContainerKind, ContainerRequest, ContainerVi
 from gpu_share.sharing.placement import ANY_MODEL, Demand, ModelReq, PodDemand
 from gpu_share.sharing.placement.pod_models import DEFAULT_MODEL_LABEL, pod_models
 from gpu_share.sharing.quantity import QuantityError, parse_quantity, pod_host_request
+from gpu_share.sharing.untrusted import section
 
 __all__ = [
     "MAX_AMOUNT",
@@ -103,21 +104,13 @@ def amount(value: Any, where: str) -> int:
     return int(q)
 
 
-def _mapping(value: Any, where: str) -> Mapping[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise PodRequestError(f"{where}: must be an object")
-    return value
-
-
 def _amounts(resources: Any, where: str, name: str) -> tuple[Any, str]:
     """The raw quantity asked for ``name`` and where it was found."""
-    res = _mapping(resources, where)
-    limits = _mapping(res.get("limits"), f"{where}.limits")
+    res = section(resources, where, PodRequestError)
+    limits = section(res.get("limits"), f"{where}.limits", PodRequestError)
     if name in limits:
         return limits[name], f"{where}.limits[{name!r}]"
-    requests = _mapping(res.get("requests"), f"{where}.requests")
+    requests = section(res.get("requests"), f"{where}.requests", PodRequestError)
     return requests.get(name), f"{where}.requests[{name!r}]"
 
 
@@ -161,7 +154,7 @@ def _containers(spec: Mapping[str, Any]) -> Iterator[tuple[Mapping[str, Any], st
 def _asks(
     pod: Mapping[str, Any], memory: str, core: str, problems: list[PodRequestError] | None
 ) -> tuple[ContainerView, ...]:
-    spec = _mapping(pod.get("spec"), "spec")
+    spec = section(pod.get("spec"), "spec", PodRequestError)
     return tuple(
         ContainerView(str(c.get("name", "")), kind, _request(c, where, memory, core, problems))
         for c, where, kind in _containers(spec)
