@@ -42,7 +42,7 @@ LOG_PREFIX=gpu-proof
 PROOF_DIR="${GPU_PROOF_DIR:-${ROOT}/.gpu-proof}"
 MAX_PROOF_MIB=48  # the device machine takes 64 MiB of working tree in all
 # The probe's Python packages when there is no .venv to read the versions from.
-DEFAULT_PINS="nvidia-ml-py==13.615.71 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-extensions==4.16.0 typing-inspection==0.4.5 PyYAML==6.0.4 grpcio==1.85.3 protobuf==7.36.2 tenacity==9.2.1"
+DEFAULT_PINS="nvidia-ml-py==13.615.71 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-extensions==4.16.0 typing-inspection==0.4.5 PyYAML==6.0.4 grpcio==1.85.3 protobuf==7.36.2 tenacity==9.2.1 pydantic-settings==2.16.3 python-dotenv==1.2.4 prometheus-client==0.26.0"
 COMPILED_WHEELS="pydantic-core PyYAML grpcio"  # fetched once per Python version
 # Made-up devices of the stand-in run.
 STANDIN_DEVICES="GPU-5e1f0000-9a11-4c0d-8e00-000000000000=16384;GPU-5e1f0000-9a11-4c0d-8e00-000000000001=16384"
@@ -65,7 +65,7 @@ pins() {
 import importlib.metadata as md
 for name in ("nvidia-ml-py", "pydantic", "pydantic-core", "annotated-types",
              "typing-extensions", "typing-inspection", "PyYAML", "grpcio", "protobuf",
-             "tenacity"):
+             "tenacity", "pydantic-settings", "python-dotenv", "prometheus-client"):
     print(f"{name}=={md.version(name)}")
 PY
 }
