@@ -446,7 +446,7 @@ def run_extender(
     sched = f"gs-ext-{env.tag}"
     out: dict[str, ds.RunFigures] = {}
     with extender_and_scheduler(
-        env.api, env.kubeconfig, binary, env.workdir, sched, load, KEY
+        env.kubeconfig, binary, env.workdir, sched, load, KEY
     ) as proc:
         wait_started(proc, env.workdir / "sched.log")
         for mode in o.modes:

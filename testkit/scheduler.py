@@ -48,7 +48,6 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def extender_and_scheduler(
-    api: Any,
     kubeconfig: str,
     sched_bin: Path,
     workdir: Path,
@@ -57,8 +56,7 @@ def extender_and_scheduler(
     key: bytes,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """Yields the scheduler process; its log is ``workdir/sched.log``. The extender's
-    view and binder get their own ``kube.rest`` client from ``kubeconfig``; ``api`` (the
-    caller's test-side client) is not used."""
+    view and binder get their own ``kube.rest`` client from ``kubeconfig``."""
     from gpu_share.kube.binder import KubeBinder
     from gpu_share.kube.cluster_view import KubeClusterView
     from gpu_share.kube.rest import make_rest_client

@@ -84,7 +84,6 @@ def test_pod_that_fits_no_single_device_stays_pending_with_a_reason(
         )
         core.create_namespace({"metadata": {"name": ns}})
         with extender_and_scheduler(
-            api,
             kubeconfig,
             Path(env["K8S_BIN_DIR"]) / "kube-scheduler",
             tmp_path,

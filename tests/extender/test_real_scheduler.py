@@ -128,7 +128,7 @@ def test_real_scheduler_matches_simulator(tmp_path: Path, request: pytest.Fixtur
             core.patch_node_status(n.name, {"status": {"capacity": cap, "allocatable": cap}})
 
         with extender_and_scheduler(
-            api, kubeconfig, sched_bin, tmp_path, sched_name, workload, KEY
+            kubeconfig, sched_bin, tmp_path, sched_name, workload, KEY
         ) as sched:
             real_choice: list[str | None] = []
             for i, p in enumerate(chosen):

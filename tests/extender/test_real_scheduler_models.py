@@ -102,7 +102,6 @@ def test_model_restricted_pods_land_on_allowed_models_or_stay_pending(
             _node(core, name, tag, model)
             created.append(name)
         with extender_and_scheduler(
-            api,
             kubeconfig,
             Path(env["K8S_BIN_DIR"]) / "kube-scheduler",
             tmp_path,
