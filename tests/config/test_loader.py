@@ -179,3 +179,45 @@ def test_dump_config_roundtrips_through_the_loader(tmp_path: Path) -> None:
     assert data["memoryUnitMiB"] == 256 and data["dummy"]["memoryMiB"] == 16384
     assert "memory_unit_mib" not in text
     assert load_config(["--config", write(tmp_path, text)], {}) == cfg
+
+
+def test_only_prefixed_variables_are_read() -> None:
+    # Field names and camelCase names without the prefix are someone else's variables.
+    env = {"VERSION": "v2", "BACKEND": "dummy", "memoryUnitMiB": "3", "MEMORY_UNIT_MIB": "3"}
+    assert load_config([], env) == AgentConfig()
+
+
+def test_env_json_section_merges_and_its_errors_name_the_variable(tmp_path: Path) -> None:
+    path = write(tmp_path, "version: v1\ndummy:\n  deviceCount: 3\n  model: F\n")
+    env = {"GPU_SHARE_DUMMY": '{"model": "E", "numaNodes": "2"}',
+           "GPU_SHARE_DUMMY__UUID_PREFIX": "GPU"}
+    cfg = load_config(["--config", path], env)
+    assert (cfg.dummy.device_count, cfg.dummy.model) == (3, "E")
+    assert (cfg.dummy.numa_nodes, cfg.dummy.uuid_prefix) == (2, "GPU")
+    with pytest.raises(ConfigError) as info:
+        load_config(["--config", path], {"GPU_SHARE_DUMMY": '{"deviceCount": -5}'})
+    assert "key 'dummy.deviceCount'" in str(info.value)
+    assert "(from env GPU_SHARE_DUMMY)" in str(info.value)
+
+
+def test_unknown_nested_section_names_its_variable() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config([], {"GPU_SHARE_DUMMY__FOO__BAR": "1"})
+    assert "unknown key 'dummy.foo' (from env GPU_SHARE_DUMMY__FOO__BAR)" in str(info.value)
+
+
+def test_non_string_keys_in_the_file_are_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, "version: v1\n1: x\n")
+    with pytest.raises(ConfigError, match="Keys should be strings"):
+        load_config(["--config", path], {})
+
+
+def test_errors_name_the_layer_that_won(tmp_path: Path) -> None:
+    path = write(tmp_path, "version: v1\nmemoryUnitMiB: 512\nmetrics:\n  port: 1\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(["--config", path, "--memory-unit-mib", "0"],
+                    {"GPU_SHARE_MEMORY_UNIT_MIB": "256", "GPU_SHARE_METRICS__PORT": "-1"})
+    text = str(info.value)
+    assert "key 'memoryUnitMiB': Input should be greater than or equal to 1, got 0 " \
+        "(from --memory-unit-mib)" in text
+    assert "(from env GPU_SHARE_METRICS__PORT)" in text

@@ -3,27 +3,26 @@
 Precedence, lowest first: built-in defaults < config file < environment
 (``GPU_SHARE_*``, nested with ``__``; ``NODE_NAME`` too) < command-line flags.
 
-Every layer is turned into a dict keyed by the YAML (camelCase) names, the dicts are
-deep-merged, and ``AgentConfig`` validates the result once. A record of which layer
-set which key lets error messages name the file, variable or flag to fix.
+pydantic-settings reads and merges the layers (``gpu_share.config.settings``); this
+module parses the flags, turns validation errors into ``Problem`` lines that name the
+file, variable or flag to fix, and dumps the effective config as YAML.
 
 The model is strict (no ``"4"`` or ``true`` for an integer). File values are taken as
-YAML typed them; environment variables and flags are text by nature, so they are
-converted here, explicitly and by the target field's type, before validation.
+YAML typed them; environment variables and flags are text by nature and are converted
+explicitly, by the target field's type, before validation.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, get_origin
+from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from gpu_share.config.model import CONFIG_VERSION, AgentConfig
 from gpu_share.errors import ConfigError
@@ -193,28 +192,25 @@ def config_from_namespace(
     ns: argparse.Namespace, environ: Mapping[str, str] | None = None
 ) -> AgentConfig:
     """Build the config from parsed flags (see ``add_config_arguments``) and ``environ``."""
+    # Imported here: only processes that load a config pay for pydantic-settings.
+    from pydantic_settings import SettingsError
+
+    from gpu_share.config.settings import LoadInputs, load_settings
+
     env = dict(os.environ if environ is None else environ)
-    origins: dict[Path, str] = {}
-
     path = getattr(ns, "config", None) or env.get(CONFIG_PATH_ENV) or None
-    merged: dict[str, Any] = {}
-    if path:
-        file_data = read_config_file(path)
-        _record(origins, file_data, (), f"file {path}")
-        merged = file_data
-
-    env_data = _env_layer(env)
-    origins.update(env_data.origins)
-    merged = _deep_merge(merged, env_data.values)
-
-    flag_data: dict[str, Any] = {}
+    inputs = LoadInputs(env, path)
+    flags: dict[str, Any] = {}
     for dest, key_path in _FLAG_KEYS.items():
         if hasattr(ns, dest):
-            _set_path(flag_data, key_path, getattr(ns, dest))
-            origins[key_path] = "--" + dest.replace("_", "-")
-    merged = _deep_merge(merged, flag_data)
-
-    return validate_config(merged, origins)
+            _set_path(flags, key_path, getattr(ns, dest))
+            inputs.flag_origins[key_path] = "--" + dest.replace("_", "-")
+    try:
+        return load_settings(flags, inputs)
+    except ValidationError as exc:
+        raise InvalidConfigError(_problems(exc, inputs.origins())) from None
+    except SettingsError as exc:
+        raise ConfigError(f"invalid environment: {exc}: {exc.__cause__}") from None
 
 
 def read_config_file(path: str) -> dict[str, Any]:
@@ -268,165 +264,7 @@ def dump_config(cfg: AgentConfig) -> str:
     return yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
 
 
-# --------------------------------------------------------------------------- env layer
-
-
-class _EnvLayer:
-    def __init__(self, values: dict[str, Any], origins: dict[Path, str]) -> None:
-        self.values = values
-        self.origins = origins
-
-
-# The environment is read as pydantic-settings' env source read it (case-insensitive
-# names, ``__`` for nesting, JSON for lists and sections), written out here because
-# importing pydantic-settings cost the agent ~4 MiB and ~40 ms at every start.
-
-
-def _is_complex(annotation: Any) -> bool:
-    """A section (model) or a list: its variable holds JSON."""
-    origin = get_origin(annotation) or annotation
-    return isinstance(origin, type) and (
-        issubclass(origin, BaseModel | list | tuple | set | frozenset | dict)
-    )
-
-
-def _sub_annotation(annotation: Any, key: str) -> Any:
-    """The type of field ``key`` (snake or YAML name, any case) of a section, or None."""
-    if not _is_model(annotation):
-        return None
-    for name, info in annotation.model_fields.items():
-        if key in (name.lower(), (info.alias or name).lower()):
-            return info.annotation
-    return None
-
-
-def _json_env(name: str, text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise ConfigError(
-            f"invalid environment variable {name}: {exc}; list values are JSON, e.g. "
-            'GPU_SHARE_HEALTH__IGNORED_XIDS="[13, 31]"'
-        ) from None
-
-
-def _explode(annotation: Any, prefix: str, env: Mapping[str, tuple[str, str]]) -> dict[str, Any]:
-    """``PREFIX__A__B=v`` variables as ``{"a": {"b": v}}`` (keys lower case); a value
-    whose field is a list or section is JSON."""
-    result: dict[str, Any] = {}
-    for key, (name, text) in env.items():
-        if not key.startswith(prefix):
-            continue
-        *keys, last = key[len(prefix):].split(ENV_NESTED_DELIMITER)
-        node: Any = result
-        target = annotation
-        for part in keys:
-            target = _sub_annotation(target, part)
-            if isinstance(node, dict):
-                node = node.setdefault(part, {})
-        target = _sub_annotation(target, last)
-        value: Any = text
-        if target is not None and text and _is_complex(target):
-            value = _json_env(name, text)
-        if isinstance(node, dict):
-            node[last] = value
-    return result
-
-
-def _env_raw(env: Mapping[str, tuple[str, str]]) -> dict[str, Any]:
-    """AgentConfig's top-level fields from ``env`` (lower-case name -> (name, value))."""
-    out: dict[str, Any] = {}
-    for field_name, info in AgentConfig.model_fields.items():
-        key = ENV_PREFIX.lower() + field_name
-        found = env.get(key)
-        if not _is_complex(info.annotation):
-            if found is not None:
-                out[field_name] = found[1]
-            continue
-        prefix = key + ENV_NESTED_DELIMITER
-        if found is None:
-            if nested := _explode(info.annotation, prefix, env):
-                out[field_name] = nested
-            continue
-        # A JSON object is merged with the nested variables; any other JSON value
-        # (null: as if unset) hides them.
-        value = _json_env(found[0], found[1])
-        if isinstance(value, dict):
-            out[field_name] = _deep_merge(value, _explode(info.annotation, prefix, env))
-        elif value is not None:
-            out[field_name] = value
-    return out
-
-
-def _env_layer(environ: Mapping[str, str]) -> _EnvLayer:
-    relevant = {
-        k.lower(): (k, v)
-        for k, v in environ.items()
-        if k.upper().startswith(ENV_PREFIX) and k.upper() != CONFIG_PATH_ENV
-    }
-    raw = _env_raw(relevant)
-    values, origins = _to_yaml_keys(AgentConfig, raw, (), (ENV_PREFIX.rstrip("_"),))
-    if "nodeName" not in values and environ.get(DOWNWARD_NODE_NAME_ENV):
-        values["nodeName"] = environ[DOWNWARD_NODE_NAME_ENV]
-        origins[("nodeName",)] = f"env {DOWNWARD_NODE_NAME_ENV}"
-    return _EnvLayer(values, origins)
-
-
-def _to_yaml_keys(
-    model: type[BaseModel], raw: Mapping[str, Any], path: Path, env_parts: tuple[str, ...]
-) -> tuple[dict[str, Any], dict[Path, str]]:
-    """Rename snake_case keys from the env source to the YAML (alias) names."""
-    out: dict[str, Any] = {}
-    origins: dict[Path, str] = {}
-    by_key: dict[str, tuple[str, Any]] = {}
-    for name, info in model.model_fields.items():
-        yaml_key = info.alias or name
-        by_key[name.lower()] = (yaml_key, info.annotation)
-        by_key[yaml_key.lower()] = (yaml_key, info.annotation)
-    for key, value in raw.items():
-        env_name = "_".join(env_parts) + ("_" if len(env_parts) == 1 else "__") + key.upper()
-        found = by_key.get(key.lower())
-        if found is None:
-            # Kept under its own name so validation reports it as an unknown key.
-            out[key] = value
-            origins[(*path, key)] = f"env {env_name}"
-            continue
-        yaml_key, annotation = found
-        if isinstance(value, dict) and _is_model(annotation):
-            sub, sub_origins = _to_yaml_keys(
-                annotation, value, (*path, yaml_key), (*env_parts, key.upper())
-            )
-            out[yaml_key] = sub
-            origins.update(sub_origins)
-        else:
-            out[yaml_key] = from_text(annotation, value)
-            origins[(*path, yaml_key)] = f"env {env_name}"
-    return out, origins
-
-
-def _is_json(text: str) -> bool:
-    try:
-        json.loads(text)
-    except ValueError:
-        return False
-    return True
-
-
-def _is_model(annotation: Any) -> bool:
-    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
-
-
 # --------------------------------------------------------------------------- helpers
-
-
-def _deep_merge(low: Mapping[str, Any], high: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(low)
-    for key, value in high.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _deep_merge(out[key], value)
-        else:
-            out[key] = value
-    return out
 
 
 def _set_path(data: dict[str, Any], key_path: tuple[str, ...], value: Any) -> None:
@@ -434,16 +272,6 @@ def _set_path(data: dict[str, Any], key_path: tuple[str, ...], value: Any) -> No
     for key in key_path[:-1]:
         node = node.setdefault(key, {})
     node[key_path[-1]] = value
-
-
-def _record(origins: dict[Path, str], data: Any, path: Path, label: str) -> None:
-    if not label:
-        return
-    if isinstance(data, dict):
-        for key, value in data.items():
-            _record(origins, value, (*path, str(key)), label)
-    else:
-        origins[path] = label
 
 
 def _key_name(loc: Sequence[str | int]) -> str:
@@ -463,7 +291,9 @@ def _origin_of(loc: Sequence[str | int], origins: Mapping[Path, str]) -> str:
         label = origins.get(parts[:end])
         if label:
             return label
-    return ""
+    # A section refused as a whole (an unknown one): the one source of its keys.
+    labels = {label for path, label in origins.items() if path[: len(parts)] == parts}
+    return labels.pop() if len(labels) == 1 else ""
 
 
 def _problems(exc: ValidationError, origins: Mapping[Path, str]) -> list[Problem]:
