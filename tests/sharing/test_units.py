@@ -192,7 +192,7 @@ def test_ledger_json_round_trip_and_release() -> None:
     [
         ('{"version": "v2", "entries": []}', "version 'v2' is not supported"),
         ("{}", "version None"),
-        ("[1]", "should be an object"),
+        ("[1]", "must be an object"),
         ("nope", "Invalid JSON"),
         ('{"version": "v1", "entries": [{"namespace": "x"}]}', "malformed"),
     ],

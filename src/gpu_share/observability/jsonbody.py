@@ -21,8 +21,9 @@ def _reject_constant(name: str) -> Any:
     raise BadJson(f"{name} is not valid JSON")
 
 
-def parse_json(body: bytes, max_depth: int) -> Any:
-    """The body's value, or ``BadJson``."""
+def parse_json(body: bytes, max_depth: int | None) -> Any:
+    """The body's value, or ``BadJson``. ``max_depth`` None: only the parser's own guard
+    (for a caller that bounds the depth of what it echoes itself)."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
@@ -32,11 +33,12 @@ def parse_json(body: bytes, max_depth: int) -> Any:
     except BadJson:
         raise
     except RecursionError:  # the C parser's own guard, far deeper than max_depth
-        raise BadJson(f"JSON nested deeper than {max_depth} levels") from None
+        limit = f"deeper than {max_depth} levels" if max_depth else "too deeply"
+        raise BadJson(f"JSON nested {limit}") from None
     except ValueError as e:  # JSONDecodeError, or an integer over the digit limit
         raise BadJson(f"bad JSON: {str(e)[:REASON_LIMIT]}") from None
     # After parsing, so every string is terminated and the scan is linear.
-    if _depth_over(text, max_depth):
+    if max_depth is not None and _depth_over(text, max_depth):
         raise BadJson(f"JSON nested deeper than {max_depth} levels")
     return value
 

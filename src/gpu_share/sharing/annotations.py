@@ -124,8 +124,7 @@ class InventoryAnnotation:
 
     @classmethod
     def decode(cls, text: str) -> InventoryAnnotation:
-        doc = read_value(_Inventory, _load(text, "inventory"),
-                         "inventory annotation is malformed", AnnotationError)
+        doc = read_value(_Inventory, _load(text, "inventory"), "inventory", _malformed)
         return cls(doc.node, doc.unit_mib, tuple(d.device() for d in doc.devices))
 
 
@@ -206,8 +205,7 @@ class PodAssignment:
 
     @classmethod
     def _from_raw(cls, raw: Mapping[str, Any]) -> PodAssignment:
-        doc = read_value(_Assignment, raw, "assignment annotation is malformed",
-                         AnnotationError)
+        doc = read_value(_Assignment, raw, "assignment", _malformed)
         return cls({
             name: ContainerAssignment(
                 tuple(DeviceShare(s.id, s.memory_units, s.cores, s.exclusive)
@@ -250,6 +248,10 @@ def verify_assignment(text: str, key: bytes, pod_uid: str, node: str) -> PodAssi
     if raw.get("node") != node:
         raise AnnotationError("assignment is for another node", reason=NODE_MISMATCH)
     return PodAssignment._from_raw(raw)
+
+
+def _malformed(message: str) -> AnnotationError:
+    return AnnotationError(f"malformed annotation: {message}")
 
 
 def _signed_bytes(doc: Mapping[str, Any]) -> bytes:

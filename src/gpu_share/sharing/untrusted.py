@@ -44,24 +44,26 @@ class Document(BaseModel):
                               populate_by_name=False)
 
 
-def read_json(model: type[T] | TypeAdapter[T], text: str | bytes, what: str,
+def read_json(model: type[T] | TypeAdapter[T], text: str | bytes, where: str,
               error: ErrorFactory) -> T:
-    """``text`` parsed and checked as ``model``; ``error(message)`` on anything else."""
+    """``text`` parsed (at most 200 levels deep: the parser's own limit) and checked as
+    ``model``; ``error(message)`` on anything else. ``where`` names the document: the
+    root of every path in a message."""
     adapter = _adapter(model)
     try:
         return adapter.validate_json(text)
     except ValidationError as exc:
-        raise error(f"{what}: {explain(exc)}") from None
+        raise error(explain(exc, where)) from None
 
 
-def read_value(model: type[T] | TypeAdapter[T], value: Any, what: str,
+def read_value(model: type[T] | TypeAdapter[T], value: Any, where: str,
                error: ErrorFactory) -> T:
     """An already parsed JSON value (``json.loads``) checked as ``model``."""
     adapter = _adapter(model)
     try:
         return adapter.validate_python(value)
     except ValidationError as exc:
-        raise error(f"{what}: {explain(exc)}") from None
+        raise error(explain(exc, where)) from None
 
 
 def section(value: Any, where: str, error: ErrorFactory) -> Mapping[str, Any]:
@@ -74,16 +76,50 @@ def section(value: Any, where: str, error: ErrorFactory) -> Mapping[str, Any]:
     return value
 
 
-def explain(exc: ValidationError) -> str:
-    """The first problem of a failed read: where, what, and a bounded view of the value
-    (how many more there were, when more)."""
-    errors = exc.errors(include_url=False, include_context=False)
+# pydantic's error types in our words; "got" then names the JSON kind found.
+_KIND_ERRORS = {
+    "model_type": "must be an object",
+    "dict_type": "must be an object",
+    "list_type": "must be a list",
+    "string_type": "must be a string",
+    "int_type": "must be an integer",
+    "float_type": "must be a number",
+    "bool_type": "must be true or false",
+    "missing": "is required",
+}
+
+
+def explain(exc: ValidationError, where: str = "") -> str:
+    """The first problem of a failed read: its path from ``where`` (``Pod.spec.
+    containers[1].name``), what is wrong, and a bounded view of the value (and how many
+    more problems there were)."""
+    errors = exc.errors(include_url=False)
     first = errors[0]
-    loc = ".".join(str(p) for p in first["loc"])
-    text = f"{loc + ': ' if loc else ''}{first['msg']}"
-    if "input" in first and loc and first["type"] != "missing":
-        text += f", got {shown(first['input'])}"
+    path = where
+    for part in first["loc"]:
+        path += f"[{part}]" if isinstance(part, int) else f"{'.' if path else ''}{part}"
+    text = _what(first)
+    text = f"{path + ': ' if path else ''}{text}"
     return text + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "")
+
+
+def _what(error: Any) -> str:
+    """What is wrong, in our words where pydantic's type names would leak."""
+    kind = _KIND_ERRORS.get(error["type"])
+    most = error.get("ctx", {}).get("max_length")
+    if error["type"] in ("string_too_long", "too_long") and most is not None:
+        unit = "characters" if error["type"] == "string_too_long" else "items"
+        return f"longer than {most} {unit}"
+    if kind is not None:
+        return kind if error["type"] == "missing" else f"{kind}, got {_json_kind(error['input'])}"
+    text = str(error["msg"]).removeprefix("Value error, ")
+    if error["type"] != "value_error" and error["loc"]:
+        text += f", got {shown(error['input'])}"
+    return text
+
+
+def _json_kind(value: object) -> str:
+    return "null" if value is None else type(value).__name__
 
 
 def shown(value: object, limit: int = SHOWN_CHARS) -> str:
