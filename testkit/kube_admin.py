@@ -9,6 +9,10 @@
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,6 +34,23 @@ def idle_api() -> RestClient:
     return RestClient(RestConfig(server="http://127.0.0.1:9"))
 
 
+_INLINE_DIR: list[str] = []  # one private dir per process, removed at exit
+
+
+def _as_file(data: bytes | None, name: str) -> str | None:
+    """Inline kubeconfig data as a 0600 file in a 0700 temporary dir, or None."""
+    if not data:
+        return None
+    if not _INLINE_DIR:
+        d = tempfile.mkdtemp(prefix="gpu-share-admin-")
+        atexit.register(shutil.rmtree, d, True)
+        _INLINE_DIR.append(d)
+    fd, path = tempfile.mkstemp(prefix=name, dir=_INLINE_DIR[0])
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    return path
+
+
 def admin_client(
     kubeconfig: str | None = None,
     *,
@@ -38,19 +59,19 @@ def admin_client(
     token_file: str = SERVICE_TOKEN_FILE,
     ca_file: str = SERVICE_CA_FILE,
 ) -> k8s.ApiClient:
-    """An ApiClient for what ``load_rest_config`` reads (files, not inline data; a token
-    file is read once)."""
+    """An ApiClient for what ``load_rest_config`` reads (inline certificate data is
+    written to private files for the process's life: the generated client reads files;
+    a token file is read once)."""
     from kubernetes import client as k8s  # imported here: idle_api needs none
 
     cfg = load_rest_config(kubeconfig, context=context, environ=environ,
                            token_file=token_file, ca_file=ca_file)
-    if cfg.ca_data or cfg.cert_data or cfg.key_data:
-        raise ValueError("admin_client: inline certificate data is not supported")
     c: Any = k8s.Configuration()
     c.host = cfg.server
     c.verify_ssl = not cfg.insecure
-    c.ssl_ca_cert = cfg.ca_file
-    c.cert_file, c.key_file = cfg.cert_file, cfg.key_file
+    c.ssl_ca_cert = _as_file(cfg.ca_data, "ca.crt") or cfg.ca_file
+    c.cert_file = _as_file(cfg.cert_data, "client.crt") or cfg.cert_file
+    c.key_file = _as_file(cfg.key_data, "client.key") or cfg.key_file
     c.tls_server_name = cfg.tls_server_name
     token = cfg.token or (Path(cfg.token_file).read_text().strip() if cfg.token_file else None)
     if token:
