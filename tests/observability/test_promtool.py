@@ -32,8 +32,7 @@ import yaml
 from gpu_share.cli import extender_main
 from gpu_share.extender.http import make_server
 from gpu_share.observability.http import READY_METRIC, start_http
-from gpu_share.observability.metrics import ExtenderMetrics, Metrics
-from gpu_share.observability.prom import Registry
+from gpu_share.observability.metrics import ExtenderMetrics, Metrics, _Table
 from testkit.harness.env import REQUIRE_CLUSTER
 from testkit.harness.wait import poll
 from testkit.kubelet_stub import FakePodResources, KubeletStub
@@ -167,13 +166,13 @@ def test_live_agent_metrics_pass_promtool_check_metrics(promtool: str) -> None:
     check_metrics(promtool, body)
 
 
-def give_every_family_a_series(registry: Registry) -> None:
-    """One series in each family of ``registry`` (labels "<name>-x"): observed once if
-    it is a histogram, else incremented."""
-    for family in registry.families():
+def give_every_family_a_series(table: _Table) -> None:
+    """One series in each family of ``table`` (labels "<name>-x"): observed once if it
+    is a histogram, else incremented."""
+    for _, row, family in table.families():
         series: Any = family
-        if family.labelnames:
-            series = family.labels(*(f"{n}-x" for n in family.labelnames))
+        if row.labels:
+            series = family.labels(*(f"{n}-x" for n in row.labels))
         if hasattr(series, "observe"):
             series.observe(0.003)
         else:
@@ -184,7 +183,7 @@ def test_every_agent_family_with_series_passes_promtool(promtool: str) -> None:
     """Each family of Metrics with a series (what a live scrape may not have reached:
     ledger quarantine, loop errors, ...), served by the agent's endpoint."""
     m = Metrics()
-    give_every_family_a_series(m.registry)
+    give_every_family_a_series(m)
     handle = start_http(m.registry, bind_address="127.0.0.1", port=0, readiness=lambda: False)
     try:
         body = _get(f"http://127.0.0.1:{handle.port}/metrics")
@@ -239,8 +238,8 @@ def test_live_extender_metrics_pass_promtool_check_metrics(promtool: str) -> Non
         server.server_close()
         thread.join(5)
     text = body.decode()
-    for wanted in ('gpu_share_extender_requests_total{verb="filter",outcome="refused"} 1.0',
-                   'gpu_share_extender_requests_total{verb="other",outcome="refused"} 1.0',
+    for wanted in ('gpu_share_extender_requests_total{outcome="refused",verb="filter"} 1.0',
+                   'gpu_share_extender_requests_total{outcome="refused",verb="other"} 1.0',
                    'gpu_share_extender_binds_total{outcome="bound"} 1.0',
                    'gpu_share_extender_filter_nodes_total{result="failed"} 1.0',
                    'gpu_share_extender_request_duration_seconds_count{verb="bind"} 1.0',
@@ -253,7 +252,7 @@ def test_live_extender_metrics_pass_promtool_check_metrics(promtool: str) -> Non
 
 def test_every_extender_family_with_series_passes_promtool(promtool: str) -> None:
     m = ExtenderMetrics()
-    give_every_family_a_series(m.registry)
+    give_every_family_a_series(m)
     handle = start_http(m.registry, bind_address="127.0.0.1", port=0)
     try:
         body = _get(f"http://127.0.0.1:{handle.port}/metrics")
@@ -327,9 +326,11 @@ def test_alerts_have_severity_summary_description_and_runbook() -> None:
 
 
 def _exported_names() -> set[str]:
+    """Every sample name of the two tables, each family given a series."""
     names = {READY_METRIC}
-    for family in [*Metrics().registry.families(), *ExtenderMetrics().registry.families()]:
-        names.update(family.sample_names())
+    for table in (Metrics(), ExtenderMetrics()):
+        give_every_family_a_series(table)
+        names.update(s.name for f in table.registry.collect() for s in f.samples)
     return names
 
 
@@ -346,8 +347,8 @@ def test_rules_and_dashboard_name_only_exported_metrics() -> None:
     assert used - _exported_names() == set()
     # and the dashboard shows each family of the agent and of the extender
     shown = set().union(*(_metric_names(e) for _, e in dashboard_queries()))
-    families = {f.name for f in [*Metrics().registry.families(),
-                                 *ExtenderMetrics().registry.families()]} | {READY_METRIC}
+    families = {name for table in (Metrics(), ExtenderMetrics())
+                for name, _, _ in table.families()} | {READY_METRIC}
     missing = {f for f in families if not any(n.startswith(f) for n in shown)}
     assert missing == set()
 

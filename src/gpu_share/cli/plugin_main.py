@@ -114,7 +114,7 @@ class PrometheusAgentMetrics(AgentMetrics):
         # One series: the mode in force (``auto`` may change it; an old one left at 0
         # would read as a node that cannot enforce).
         if self._enforcement_mode not in (None, mode):
-            self.m.enforcement_ready.remove(mode=self._enforcement_mode)
+            self.m.enforcement_ready.remove(self._enforcement_mode)
         self._enforcement_mode = mode
         self.m.enforcement_ready.labels(mode=mode).set(1 if ready else 0)
 

@@ -42,6 +42,8 @@ import time
 from collections.abc import Callable
 from http import HTTPStatus
 
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
+
 from gpu_share.observability.http_handler import (
     JSON_TYPE,
     NOT_FOUND,
@@ -53,7 +55,6 @@ from gpu_share.observability.http_handler import (
     short_repr,
 )
 from gpu_share.observability.http_server import BoundedServer, server_tls_context
-from gpu_share.observability.prom import CONTENT_TYPE, Gauge, Registry
 
 __all__ = [
     "AGENT_LIMITS",
@@ -138,7 +139,7 @@ def _run_probe(probe: Probe | None) -> tuple[bool, str]:
 
 
 def start_http(
-    registry: Registry,
+    registry: CollectorRegistry,
     *,
     bind_address: str = "0.0.0.0",
     port: int = 9400,
@@ -152,14 +153,14 @@ def start_http(
     1 or 0, asked at each scrape): the agent's readiness is its registration with the
     kubelet, which an alert needs and no other metric shows (a DRA agent never counts
     registrations)."""
-    ready_registry = Registry()
+    ready_registry = CollectorRegistry()
     ready_gauge = Gauge(READY_METRIC, READY_HELP, registry=ready_registry)
 
     def exposition() -> bytes:
         if readiness is None:
-            return registry.expose()
+            return generate_latest(registry)
         ready_gauge.set(1 if _run_probe(readiness)[0] else 0)
-        return registry.expose() + ready_registry.expose()
+        return generate_latest(registry) + generate_latest(ready_registry)
 
     class Handler(BoundedHandler):
         def do_GET(self) -> None:
@@ -171,7 +172,7 @@ def start_http(
                     log.exception("collecting metrics failed")
                     self.send_error(HTTPStatus.INTERNAL_SERVER_ERROR, "collecting metrics failed")
                     return
-                self.send_body(200, data, CONTENT_TYPE)
+                self.send_body(200, data, CONTENT_TYPE_LATEST)
             elif path in ("/healthz", "/livez"):
                 self._probe(liveness)
             elif path == "/readyz":

@@ -1,21 +1,25 @@
-"""Prometheus metrics of the agent (and ``ExtenderMetrics``), in dedicated registries
-(``observability.prom``).
+"""Prometheus metrics of the agent (and ``ExtenderMetrics``), each table in its own
+``prometheus_client.CollectorRegistry``.
 
-One ``Metrics`` object per process; tests make their own. All names start with
-``gpu_share_``. Label values are small closed sets (resource names from the config,
-device uuids from the backend, enum reasons, our own operation and loop names), never
-pod names. Labels fed from error reasons or operation names are capped anyway
-(``REASON_CAP`` values, then ``prom.OVERFLOW``): a future caller passing text from a
-request or the API server must not grow the series without bound.
+One ``Metrics`` object per process; tests make their own (nothing goes to the client's
+global registry). All names start with ``gpu_share_``. Label values are small closed
+sets (resource names from the config, device uuids from the backend, enum reasons, our
+own operation and loop names), never pod names. Labels fed from error reasons or
+operation names are capped anyway (``REASON_CAP`` values, then ``families.OVERFLOW``): a
+future caller passing text from a request or the API server must not grow the series
+without bound.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterable, Mapping
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Generic, TypeVar, overload
 
-from gpu_share.observability.prom import AnyFamily, Counter, Gauge, Histogram, Registry
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric
+
+from gpu_share.observability.families import Counter, Gauge, Histogram
 
 PREFIX = "gpu_share"
 
@@ -46,7 +50,8 @@ REASON_CAP = 64
 # Labels that carry such free text; each is capped at REASON_CAP wherever it appears.
 FREE_TEXT_LABELS = frozenset({"reason", "source", "op", "loop", "watch"})
 
-F = TypeVar("F", bound=AnyFamily)
+Family = Counter | Gauge | Histogram
+F = TypeVar("F", bound=Family)
 
 
 class _Spec(Generic[F]):
@@ -73,10 +78,15 @@ class _Spec(Generic[F]):
             return self
         raise AttributeError(f"{owner.__name__} is not built yet")
 
-    def build(self, name: str, registry: Registry) -> F:
-        capped = {label: REASON_CAP for label in self.labels if label in FREE_TEXT_LABELS}
+    def build(self, name: str, registry: CollectorRegistry) -> F:
+        # The client exports a counter as <name>_total whatever it is given: declare it so.
+        if self.make is Counter and not name.endswith("_total"):
+            raise ValueError(f"counter {name!r} must be named *_total")
         extra = {} if self.buckets is None else {"buckets": self.buckets}
-        return self.make(name, self.help, self.labels, registry=registry, capped=capped, **extra)
+        family = self.make(name, self.help, self.labels, registry=registry, **extra)
+        family.cap_labels({label: REASON_CAP for label in self.labels
+                           if label in FREE_TEXT_LABELS})
+        return family
 
 
 def _counter(help_text: str, *labels: str) -> _Spec[Counter]:
@@ -97,7 +107,7 @@ class _Table:
 
     prefix = ""
 
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
         for attr, spec in self.specs():
             self.__dict__[attr] = spec.build(f"{self.prefix}{attr}", registry)
@@ -109,6 +119,15 @@ class _Table:
         for klass in reversed(cls.__mro__):
             rows.update((k, v) for k, v in vars(klass).items() if isinstance(v, _Spec))
         return list(rows.items())
+
+    def families(self) -> list[tuple[str, _Spec[Any], Family]]:
+        """(exported name, row, family) per family, in registration order."""
+        return [(f"{self.prefix}{attr}", spec, self.__dict__[attr])
+                for attr, spec in self.specs()]
+
+    def render(self) -> bytes:
+        """This table's registry in the text exposition format."""
+        return generate_latest(self.registry)
 
 
 class Metrics(_Table):
@@ -188,8 +207,8 @@ class Metrics(_Table):
         "unit",
     )
 
-    def __init__(self, registry: Registry | None = None) -> None:
-        super().__init__(registry if registry is not None else Registry())
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        super().__init__(registry if registry is not None else CollectorRegistry())
 
     def set_device_units(self, device: str, resource: str, used: int, free: int) -> None:
         self.device_units.labels(device=device, resource=resource, state="used").set(used)
@@ -203,18 +222,11 @@ class Metrics(_Table):
 
     def forget_device(self, device: str, resources: Iterable[str]) -> None:
         """Drop the series of a device that is gone, so it stops being exported."""
-        for resource in resources:
+        for resource in resources:  # remove() of a series never made does nothing
             for state in UNIT_STATES:
-                with contextlib.suppress(KeyError):
-                    self.device_units.remove(device, resource, state)
-        with contextlib.suppress(KeyError):
-            self.device_healthy.remove(device)
-        with contextlib.suppress(KeyError):
-            self.device_cordoned.remove(device)
-
-    def render(self) -> bytes:
-        """Text exposition format of this registry."""
-        return self.registry.expose()
+                self.device_units.remove(device, resource, state)
+        self.device_healthy.remove(device)
+        self.device_cordoned.remove(device)
 
 
 # -- the extender ----------------------------------------------------------------------
@@ -233,17 +245,18 @@ EXTENDER_LATENCY_BUCKETS: tuple[float, ...] = (
 )
 
 
-class _CollectingRegistry(Registry):
-    """A registry that refreshes scrape-time values (the cluster view's counts) first."""
+class _CollectingRegistry(CollectorRegistry):
+    """A registry that refreshes scrape-time values (the cluster view's counts) before
+    each collection."""
 
     def __init__(self) -> None:
         super().__init__()
         self.collectors: list[Callable[[], None]] = []
 
-    def expose(self) -> bytes:
-        for collect in list(self.collectors):
-            collect()
-        return super().expose()
+    def collect(self) -> Iterator[Metric]:
+        for refresh in list(self.collectors):
+            refresh()
+        yield from super().collect()
 
 
 class ExtenderMetrics(_Table):
@@ -283,6 +296,9 @@ class ExtenderMetrics(_Table):
 
     def __init__(self) -> None:
         super().__init__(_CollectingRegistry())
+        # What set_view last exported per (family, watch): counters only take deltas.
+        self._view_totals: dict[tuple[str, str], float] = {}
+        self._view_lock = threading.Lock()
         for verb in (*EXTENDER_VERBS, OTHER_VERB):
             self.request_duration_seconds.labels(verb)
             for outcome in REQUEST_OUTCOMES:
@@ -314,12 +330,13 @@ class ExtenderMetrics(_Table):
         """The cluster view's counts at scrape time (its own running totals)."""
         self.view_nodes.set(nodes)
         self.view_pods.set(pods)
-        pairs = ((self.view_lists_total, lists), (self.view_watch_errors_total, errors))
-        for family, totals in pairs:
-            for watch, total in totals.items():
-                series = family.labels(watch)
-                if total > series.get():
-                    series.inc(total - series.get())
-
-    def render(self) -> bytes:
-        return self.registry.expose()
+        pairs = (("lists", self.view_lists_total, lists),
+                 ("errors", self.view_watch_errors_total, errors))
+        with self._view_lock:  # two scrapes at once must not both add one delta
+            for kind, family, totals in pairs:
+                for watch, total in totals.items():
+                    series = family.labels(watch)  # made at 0 on first sight
+                    last = self._view_totals.get((kind, watch), 0.0)
+                    if total > last:  # a counter never goes down
+                        series.inc(total - last)
+                        self._view_totals[(kind, watch)] = total
