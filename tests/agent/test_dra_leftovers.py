@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from gpu_share.agent.dra.checkpoint import CHECKPOINT_FILE, Checkpoint, PreparedClaim
+from gpu_share.agent.dra.checkpoint import Checkpoint, PreparedClaim
 from gpu_share.agent.dra.leftovers import DraLeftovers, released
-from gpu_share.agent.dra.ports import PreparedDevice
+from gpu_share.agent.dra.ports import CHECKPOINT_FILE, PreparedDevice
 from gpu_share.config.model import AgentConfig
 from gpu_share.errors import KubeAccessError
 from gpu_share.kube.resourceclaims import ClaimNotFoundError

@@ -24,13 +24,13 @@ from gpu_share.sharing.cdi import (
     STATIC_SPEC_DIR,
     CdiPlan,
     ForeignSpec,
+    claim_spec_prefix,
     foreign_spec,
     memory_limits_spec,
     plan_spec,
     spec_file_name,
     uses_cdi,
 )
-from gpu_share.sharing.dra.cdi import claim_spec_prefix
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,6 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from gpu_share.agent.dra.claims import ClaimSource
 from gpu_share.agent.ports import PodSource, Publisher
 from gpu_share.config.model import AgentConfig
 from gpu_share.errors import KubeAccessError
@@ -19,6 +18,7 @@ from gpu_share.observability.metrics import Metrics
 from gpu_share.sharing.model import PodView
 
 if TYPE_CHECKING:  # imported when the API server is wanted, off the path to registration
+    from gpu_share.agent.dra.claims import ClaimSource
     from gpu_share.kube.cordon import NodeCordonWatch
     from gpu_share.kube.pods import KubePodSource, NodePodCache
     from gpu_share.kube.rest import RestClient

@@ -20,10 +20,12 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
 from gpu_share.agent.cdi import CdiSpecWriter
+from gpu_share.agent.dra.ports import CHECKPOINT_FILE
 from gpu_share.agent.instance_lock import InstanceLock, InstanceLockError
 from gpu_share.agent.node_agent import NodeAgent
 from gpu_share.agent.ports import AgentMetrics, DeviceRow
@@ -247,6 +249,8 @@ class _Node:
     def _dra_leftovers(self, agent: NodeAgent) -> None:
         """Device-plugin mode: the claims a DRA pool prepared on this node before the
         switch hold their devices until they end (agent/dra/leftovers.py)."""
+        if not (Path(self.cfg.dra.plugin_dir) / CHECKPOINT_FILE).exists():
+            return  # never a DRA pool here, or nothing left: none of its code is loaded
         from gpu_share.agent.dra.leftovers import RECHECK_S, DraLeftovers
         from gpu_share.dra.server import DraPluginServer
 

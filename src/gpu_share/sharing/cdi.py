@@ -37,6 +37,12 @@ MEMORY_LIMITS_HOOK = "apply-cuda-memory-limits"
 _DEVICE_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,252}[A-Za-z0-9])?")
 
 
+
+def claim_spec_prefix(driver: str) -> str:
+    """The start of every per-claim CDI spec file name of ``driver`` (DRA mode writes
+    them; the device-plugin mode's spec writer leaves them alone)."""
+    return f"{driver}-claim_"
+
 def uses_cdi(runtime: RuntimeConfig) -> bool:
     """Whether any device list strategy names devices through CDI."""
     return any(s in CDI_STRATEGIES for s in runtime.device_list_strategy)

@@ -20,7 +20,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, model_validator
 
-from gpu_share.agent.dra.ports import PreparedDevice
+from gpu_share.agent.dra.ports import CHECKPOINT_FILE, PreparedDevice
 from gpu_share.agent.files import write_atomic
 from gpu_share.errors import InputError
 from gpu_share.sharing.dra.claims import CLAIM_UID
@@ -37,7 +37,6 @@ from gpu_share.sharing.untrusted import (
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_FILE = "checkpoint.json"
 CHECKPOINT_VERSION = "v1"
 CHECKPOINT_MODE = 0o600
 MAX_CHECKPOINT_BYTES = 16 << 20

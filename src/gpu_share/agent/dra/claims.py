@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gpu_share.agent.cdi import SPEC_MODE
-from gpu_share.agent.dra.checkpoint import CHECKPOINT_FILE, Checkpoint, PreparedClaim, json_bytes
-from gpu_share.agent.dra.ports import ClaimRef, PreparedDevice, PrepareResult
+from gpu_share.agent.dra.checkpoint import Checkpoint, PreparedClaim, json_bytes
+from gpu_share.agent.dra.ports import CHECKPOINT_FILE, ClaimRef, PreparedDevice, PrepareResult
 from gpu_share.agent.enforcement import EnforcementStatus
 from gpu_share.agent.enforcement import check as check_enforcement
 from gpu_share.agent.files import write_atomic

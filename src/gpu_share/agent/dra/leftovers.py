@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from gpu_share.agent.cdi import SPEC_MODE
-from gpu_share.agent.dra.checkpoint import CHECKPOINT_FILE, Checkpoint, PreparedClaim, json_bytes
+from gpu_share.agent.dra.checkpoint import Checkpoint, PreparedClaim, json_bytes
 from gpu_share.agent.dra.claims import ClaimSource
-from gpu_share.agent.dra.ports import ClaimRef, PrepareResult
+from gpu_share.agent.dra.ports import CHECKPOINT_FILE, ClaimRef, PrepareResult
 from gpu_share.agent.files import write_atomic
 from gpu_share.agent.hostdirs import HostDirs
 from gpu_share.config.model import AgentConfig

@@ -8,6 +8,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+# The checkpoint's file name in the DRA plugin dir (agent/dra/checkpoint.py reads it):
+# here, so that a device-plugin pool can see there is none without loading its reader.
+CHECKPOINT_FILE = "checkpoint.json"
+
 
 @dataclass(frozen=True)
 class ClaimRef:

@@ -7,18 +7,18 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpu_share.devices.base import Device
-from gpu_share.sharing.cdi import ENV_CDI_DEVICE_PREFIX, cdi_version, hook_doc
+from gpu_share.sharing.cdi import (
+    ENV_CDI_DEVICE_PREFIX,
+    cdi_version,
+    claim_spec_prefix,
+    hook_doc,
+)
 from gpu_share.sharing.dra.claims import ParsedClaim
 from gpu_share.sharing.model import AllocateSpec
 
 
 def claim_cdi_kind(driver: str) -> str:
     return f"{driver}/claim"
-
-
-def claim_spec_prefix(driver: str) -> str:
-    """The start of every per-claim CDI spec file name of ``driver``."""
-    return f"{driver}-claim_"
 
 
 def claim_spec_file_name(driver: str, uid: str) -> str:
