@@ -38,6 +38,8 @@ from gpu_share.sharing.placement.pod_request import PodRequest, parse_pod_reques
 
 MAX_PRIORITY = 10  # extenderv1.MaxExtenderPriority
 _NO_INV = NoFitCause.NO_INVENTORY
+_NO_INV_REASON = "node has no gpu-share inventory (agent not running?)"
+_NO_INV_ANY = NoFit("", _NO_INV_REASON, _NO_INV)  # ``_raw``'s, one object for every node
 # Bind outcomes (``on_bind``; observability.metrics.BIND_OUTCOMES).
 BIND_BOUND, BIND_NO_FIT, BIND_POD_NOT_FOUND = "bound", "no_fit", "pod_not_found"
 BIND_INVALID_POD, BIND_API_ERROR = "invalid_pod", "api_error"
@@ -66,17 +68,21 @@ def pod_ask(pod: Mapping[str, Any], settings: ExtenderSettings) -> PodRequest:
 
 def ranked(names: list[str], fits: Mapping[str, Score]) -> list[HostPriority]:
     """Priorities from the policy's scores of the fitting nodes (lower is better)."""
-    order = sorted((sc, n) for n, sc in fits.items())
-    scores = {n: 0 for n in names}
+    # By score, ties by name: sorting the names, then (stable) by score alone, orders as
+    # the (score, name) pairs do without building them.
+    order = sorted(sorted(fits), key=fits.__getitem__)
     # Only the policy's choice (ties: smallest name) gets the maximum, so the
     # scheduler's own random tie-break among top scores cannot overrule it.
-    for rank, (_, n) in enumerate(order):
+    scores: dict[str, int] = {}
+    last = max(1, len(order) - 1)
+    for rank, n in enumerate(order):
         scores[n] = (
             MAX_PRIORITY
             if rank == 0
-            else (MAX_PRIORITY - 1) - ((MAX_PRIORITY - 1) * (rank - 1) // max(1, len(order) - 1))
+            else (MAX_PRIORITY - 1) - (MAX_PRIORITY - 1) * (rank - 1) // last
         )
-    return [{"Host": n, "Score": scores[n]} for n in names]
+    get = scores.get
+    return [{"Host": n, "Score": get(n, 0)} for n in names]
 
 
 class Extender:
@@ -158,17 +164,29 @@ class Extender:
     def _scores(self, names: list[str], demand: PodDemand) -> dict[str, Score | NoFit]:
         """``_evaluate``'s answers without the device pick: the score of each fitting
         node, the NoFit of the others; one evaluation per distinct node state."""
+        out = self._raw(names, demand)
+        for n, r in out.items():
+            if isinstance(r, NoFit) and r.node != n:
+                out[n] = NoFit(n, r.reason, r.cause)
+        return out
+
+    def _raw(self, names: list[str], demand: PodDemand) -> dict[str, Score | NoFit]:
+        """``_scores`` where a NoFit may name another node (same reason): filter reads
+        the reasons, prioritize the scores, so no NoFit is made per node."""
         policy = self._policy_factory(self.view)
         slots = self.view.nodes(names)
         free = model_free(s for s in slots.values() if s is not None) if policy.priced else {}
         scorer = self._pod_scores(policy, demand, tuple(sorted(policy.prices(free).items())))
+        known, keys = scorer.known, self._keys
         out: dict[str, Score | NoFit] = {}
         for n, s in slots.items():
-            out[n] = (
-                NoFit(n, "node has no gpu-share inventory (agent not running?)", _NO_INV)
-                if s is None
-                else scorer.of(s, self._node_key(n, s))
-            )
+            if s is None:
+                out[n] = _NO_INV_ANY
+                continue
+            got = keys.get(n)  # ``_node_key``'s hit, inline: the loop's common case
+            kid = got[1] if got is not None and got[0] is s else self._node_key(n, s)
+            r = known(kid)
+            out[n] = scorer.by_key(s, kid) if r is None else r
         return out
 
     def _evaluate(self, names: list[str], demand: PodDemand) -> dict[str, Placement | NoFit]:
@@ -180,7 +198,7 @@ class Extender:
         out: dict[str, Placement | NoFit] = {}
         for n, s in slots.items():
             out[n] = (
-                NoFit(n, "node has no gpu-share inventory (agent not running?)", _NO_INV)
+                NoFit(n, _NO_INV_REASON, _NO_INV)
                 if s is None
                 else evaluate_node(policy, s, demand, prices)
             )
@@ -199,9 +217,13 @@ class Extender:
         names = self._node_names(args)
         failed: dict[str, str] = {}
         if reqs.uses_ours:
-            for n, r in self._scores(names, reqs.demand()).items():
+            said: dict[str, str] = {}  # reason -> its message: one string per reason
+            for n, r in self._raw(names, reqs.demand()).items():
                 if isinstance(r, NoFit):
-                    failed[n] = f"gpu-share: {r.reason}"
+                    msg = said.get(r.reason)
+                    if msg is None:
+                        msg = said[r.reason] = f"gpu-share: {r.reason}"
+                    failed[n] = msg
         keep = [n for n in names if n not in failed]
         result: ExtenderFilterResult = {
             "FailedNodes": failed,
@@ -224,7 +246,7 @@ class Extender:
             reqs = PodRequest()
         if not reqs.uses_ours:
             return [{"Host": n, "Score": 0} for n in names]
-        evals = self._scores(names, reqs.demand())
+        evals = self._raw(names, reqs.demand())
         return ranked(names, {n: r for n, r in evals.items() if not isinstance(r, NoFit)})
 
     def bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:

@@ -33,6 +33,9 @@ class PodScores:
         self.prices: dict[str, float] = dict(prices or {})
         self._shape = pod_shape(pod)
         self._memo: BoundedMemo[Hashable, Score | NoFit] = BoundedMemo()
+        # The memo's look-up (None: not scored yet, then ``by_key``): a loop over
+        # thousands of nodes calls it without a method of ours around it.
+        self.known = self._memo.get
         # Per GPU state: its plans for the pod, or why no device set fits (the reason
         # reads healthy devices only, which the state holds; ``of`` puts the asker's
         # name on it). Nodes that differ only in host values, model or held requests
@@ -49,6 +52,14 @@ class PodScores:
             self._memo.put(k, got, self.memo_limit)
         if isinstance(got, NoFit) and got.node != node.name:
             return NoFit(node.name, got.reason, got.cause)  # as replace(), a third of its cost
+        return got
+
+    def by_key(self, node: NodeSlots, key: Hashable) -> Score | NoFit:
+        """``of`` without the rename: a NoFit may name another node of the same key (its
+        reason is this node's too). The extender's batch path: no object per node."""
+        got = self._memo.get(key)
+        if got is None:
+            got = self._memo.put(key, self._compute(node), self.memo_limit)
         return got
 
     def _plans(self, node: NodeSlots) -> tuple[Plan, ...] | NoFit:
