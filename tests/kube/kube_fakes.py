@@ -124,6 +124,20 @@ class FakeHttp:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
+def rbac_allows(call: Callable[[], Any]) -> bool:
+    """True when ``call`` goes through, False when the API server refuses it as forbidden
+    (RBAC still propagating); any other failure is raised."""
+    from gpu_share.errors import KubeAccessError
+
+    try:
+        call()
+    except KubeAccessError as e:
+        if e.reason == "KubeForbidden":
+            return False
+        raise
+    return True
+
+
 def status_obj(code: int, reason: str = "NotFound", message: str = "nope") -> dict[str, Any]:
     return {
         "kind": "Status",

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kube_fakes import ApiServer, bind_cluster_role
+from kube_fakes import ApiServer, bind_cluster_role, rbac_allows
 from kubernetes import client as k8s
 
 from gpu_share.config.model import ResourcesConfig
@@ -203,7 +202,7 @@ def test_agent_works_with_exactly_the_rbac_rules(
     agent = _agent_client(admin, apiserver, tmp_path)
     src = KubePodSource.from_config(agent, ResourcesConfig())
     # RBAC bindings reach the authorizer through an informer: wait until it sees them.
-    until(lambda: _allowed(lambda: src.get_pod(ns, "rbac-pod")))
+    until(lambda: rbac_allows(lambda: src.get_pod(ns, "rbac-pod")))
     view = src.get_pod(ns, "rbac-pod")
     assert view is not None and view.containers[0].request == ContainerRequest(1, 5)
     assert "rbac-pod" in {p.name for p in src.list_node_pods(NODE)}
@@ -233,15 +232,3 @@ def test_agent_works_with_exactly_the_rbac_rules(
             agent.request("forbidden", method, path, body=body)
         assert ei.value.status == 403 and ei.value.reason == "KubeForbidden"
     assert core.read_namespaced_pod("rbac-pod", ns).metadata.name == "rbac-pod"
-
-
-def _allowed(fn: Callable[[], Any]) -> bool:
-    from gpu_share.errors import KubeAccessError
-
-    try:
-        fn()
-    except KubeAccessError as e:
-        if e.reason == "KubeForbidden":
-            return False
-        raise
-    return True

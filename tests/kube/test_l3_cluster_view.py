@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kube_fakes import ApiServer, bind_cluster_role
+from kube_fakes import ApiServer, bind_cluster_role, rbac_allows
 from kubernetes import client as k8s
 
-from gpu_share.errors import BindRefused, KubeAccessError
+from gpu_share.errors import BindRefused
 from gpu_share.kube.binder import KubeBinder
 from gpu_share.kube.cluster_view import KubeClusterView
 from gpu_share.kube.extender_rbac import EXTENDER_RULES
@@ -170,16 +170,6 @@ def test_binder_annotates_then_binds_and_a_new_pod_of_the_same_name_is_refused(
     assert core.read_namespaced_pod("b", ns).spec.node_name is None
 
 
-def _allowed(fn: Any) -> bool:
-    try:
-        fn()
-    except KubeAccessError as e:
-        if e.reason == "KubeForbidden":
-            return False
-        raise
-    return True
-
-
 def test_extender_works_in_cluster_with_exactly_its_rbac_rules(
     env: tuple[k8s.CoreV1Api, str, str, KubeClusterView], apiserver: ApiServer, tmp_path: Path,
 ) -> None:
@@ -202,7 +192,7 @@ def test_extender_works_in_cluster_with_exactly_its_rbac_rules(
     environ = {"KUBERNETES_SERVICE_HOST": "127.0.0.1",
                "KUBERNETES_SERVICE_PORT": str(apiserver.port)}
     api = make_rest_client(environ=environ, token_file=str(token), ca_file=apiserver.ca_file)
-    until(lambda: _allowed(lambda: api.get("list nodes", "/api/v1/nodes", {"limit": 1})))
+    until(lambda: rbac_allows(lambda: api.get("list nodes", "/api/v1/nodes", {"limit": 1})))
     view = KubeClusterView(api, domain="vendor.com", memory_resource=MEM, core_resource=CORE,
                            default_workload=Workload([Shape(4, 30, 1.0)]), decision_key=KEY)
     view.start()
