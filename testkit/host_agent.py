@@ -9,6 +9,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Mapping
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 
 from testkit.process import stop_process
@@ -47,26 +48,18 @@ def ready(url: str) -> bool:
         return False
 
 
+@dataclass(eq=False)
 class HostAgent:
     """Start/stop one agent; its log is ``workdir/agent.log``, state ``workdir/state``."""
 
-    def __init__(
-        self,
-        cluster_env: Mapping[str, str],
-        workdir: Path,
-        *,
-        devices: int,
-        units: int,
-        metrics_port: int,
-        extra_env: Mapping[str, str] | None = None,
-    ) -> None:
-        self.cluster_env = cluster_env
-        self.workdir = workdir
-        self.devices = devices
-        self.units = units
-        self.metrics_port = metrics_port
-        self.extra_env = dict(extra_env or {})
-        self.proc: subprocess.Popen[bytes] | None = None
+    cluster_env: Mapping[str, str]
+    workdir: Path
+    _: KW_ONLY
+    devices: int
+    units: int
+    metrics_port: int
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
 
     def start(self, timeout_s: float = 60) -> None:
         """Start and wait until both resources are registered with the kubelet."""

@@ -49,3 +49,12 @@ def namespace(cluster: Cluster) -> Iterator[str]:
     )
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def ns(cluster: Cluster, namespace: str) -> Iterator[str]:
+    """``namespace``, but its pods are gone (devices freed) before the next test."""
+    yield namespace
+    cluster.kubectl(
+        "delete", "namespace", namespace, "--wait=true", "--timeout=120s", check=False, timeout=150
+    )

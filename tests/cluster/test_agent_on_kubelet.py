@@ -54,15 +54,6 @@ class Agent(HostAgent):
 
 
 @pytest.fixture
-def ns(cluster: Cluster, namespace: str) -> Iterator[str]:
-    """The smoke namespace, but its pods are gone (devices freed) before the next test."""
-    yield namespace
-    cluster.kubectl(
-        "delete", "namespace", namespace, "--wait=true", "--timeout=120s", check=False, timeout=150
-    )
-
-
-@pytest.fixture
 def agent(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
     a = Agent(cluster, tmp_path_factory.mktemp("agent"))
     a.start()

@@ -160,14 +160,6 @@ def _check_exactly(
 
 
 @pytest.fixture
-def ns(cluster: Cluster, namespace: str) -> Iterator[str]:
-    yield namespace
-    cluster.kubectl(
-        "delete", "namespace", namespace, "--wait=true", "--timeout=120s", check=False, timeout=150
-    )
-
-
-@pytest.fixture
 def hand_spec(cluster: Cluster) -> Iterator[Path]:
     CDI_DIR.mkdir(parents=True, exist_ok=True)
     HAND_SPEC.write_text(json.dumps(_hand_spec(cluster.node)))
