@@ -149,21 +149,13 @@ def _sh(*args: str, timeout: float = 900) -> str:
 
 def _prepare() -> tuple[Any, bool]:
     """Cluster up, image built and imported, chart installed; (Kube, installed_here)."""
-    from testkit.e2e import AGENT_NS, Kube
+    from testkit.e2e import Kube
     from testkit.harness import BUILD_SCRIPT, CLUSTER_SCRIPT, cluster_info, helm_path
 
     _sh("bash", str(CLUSTER_SCRIPT), "up", timeout=80 * 60)
     _sh("bash", str(BUILD_SCRIPT), timeout=40 * 60)  # builds if needed, imports
     kube = Kube(env=cluster_info().env, helm_bin=helm_path(3))
-    if kube.kubectl("get", "namespace", AGENT_NS, check=False).returncode != 0:
-        kube.kubectl("create", "namespace", AGENT_NS)
-    kube.kubectl(
-        "label",
-        "namespace",
-        AGENT_NS,
-        "--overwrite",
-        "pod-security.kubernetes.io/enforce=privileged",
-    )
+    kube.ensure_agent_namespace()
     installed_here = not kube.installed()
     if installed_here:
         kube.install()
@@ -225,20 +217,10 @@ def _sample(kube: Any, pid: int | None, t0: float) -> tuple[Sample | None, int |
 
 
 def _restart_agent(kube: Any) -> None:
-    from testkit.e2e import AGENT_NS
-    from testkit.harness import wait_until
-
     old = kube.ready_agent()
     if old is None:
         return
-    kube.kubectl(
-        "-n", AGENT_NS, "delete", "pod", old["metadata"]["name"], "--wait=true", timeout=120
-    )
-    wait_until(
-        "a new ready agent",
-        lambda: (p := kube.ready_agent()) and p["metadata"]["uid"] != old["metadata"]["uid"],
-        180,
-    )
+    kube.replace_agent_pod(old, 180)
 
 
 def run(args: argparse.Namespace) -> int:

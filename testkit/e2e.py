@@ -106,6 +106,37 @@ class Kube(Kubectl):
             "-n", AGENT_NS, "exec", pod["metadata"]["name"], "-c", "agent", "--", *cmd, check=check
         )
 
+    def replace_agent_pod(self, old: Mapping[str, Any], timeout: float) -> None:
+        """Delete the agent pod ``old`` and wait for another one Ready (the DaemonSet's)."""
+        self.kubectl(
+            "-n", AGENT_NS, "delete", "pod", old["metadata"]["name"], "--wait=true", timeout=120
+        )
+        wait_until(
+            "a new ready agent pod",
+            lambda: (p := self.ready_agent()) and p["metadata"]["uid"] != old["metadata"]["uid"],
+            timeout,
+        )
+
+    def ensure_agent_namespace(self) -> None:
+        """The chart's namespace, there and allowed privileged pods (the agent's)."""
+        if self.kubectl("get", "namespace", AGENT_NS, check=False).returncode != 0:
+            self.kubectl("create", "namespace", AGENT_NS)
+        self.kubectl(
+            "label",
+            "namespace",
+            AGENT_NS,
+            "--overwrite",
+            "pod-security.kubernetes.io/enforce=privileged",
+        )
+
+    def component_logs(self, component: str, *flags: str) -> str:
+        """The last lines of the chart's ``component`` pods (stdout and stderr of kubectl)."""
+        out = self.kubectl(
+            "-n", AGENT_NS, "logs", "-l", f"app.kubernetes.io/component={component}", *flags,
+            check=False,
+        )
+        return out.stdout + out.stderr
+
     def installed(self) -> bool:
         return self.helm("status", RELEASE, "-n", AGENT_NS, check=False).returncode == 0
 
@@ -215,6 +246,81 @@ class Kube(Kubectl):
             }
             raise AssertionError(f"pods of {ns} not settled after {timeout:.0f}s: {pending}")
         return got
+
+
+def run_shapes(
+    kube: Kube, namespace: str, shapes: Sequence[tuple[int, int]]
+) -> dict[tuple[str, str, str], dict[str, tuple[str, ...]]]:
+    """Pods ``old-<i>``, one container of each (memory, cores) shape, Ready and the audit
+    clean; the kubelet's device ids of their containers."""
+    kube.apply(
+        pod(f"old-{i}", namespace, [container("main", m, c)]) for i, (m, c) in enumerate(shapes)
+    )
+    kube.wait_ready(namespace)
+    assert_consistent(kube)
+    return kube.namespace_devices(namespace)
+
+
+def pod_uids(kube: Kube, namespace: str) -> dict[str, str]:
+    return {p["metadata"]["name"]: p["metadata"]["uid"] for p in kube.pods(namespace)}
+
+
+def assert_pods_kept(
+    kube: Kube,
+    namespace: str,
+    before: Mapping[tuple[str, str, str], Mapping[str, tuple[str, ...]]],
+    uids: Mapping[str, str],
+    across: str,
+) -> None:
+    """After a restart ``across`` (the kubelet lists a running pod in PodResources once
+    it has synced it again): the same device ids as ``before``, and every pod kept its
+    uid, runs and has never restarted."""
+    after = wait_until(
+        "the new kubelet lists the running pods",
+        lambda: (a := kube.namespace_devices(namespace)) and len(a) == len(before) and a,
+        90,
+    )
+    assert after == before, f"running pods' device ids changed across {across}"
+    for p in kube.pods(namespace):
+        assert p["metadata"]["uid"] == uids[p["metadata"]["name"]]
+        assert p["status"]["phase"] == "Running"
+        assert all(cs["restartCount"] == 0 for cs in p["status"]["containerStatuses"])
+
+
+def local_pool(agent_config: Mapping[str, object]) -> dict[str, object]:
+    """values-examples/local-cluster.yaml's pool with ``agent_config`` (a values file
+    lists the whole pool: `--set nodePools[0]...` would replace the whole list, pool name
+    and selector included)."""
+    return {
+        "name": "local",
+        "nodeSelector": {"kubernetes.io/os": "linux"},
+        "agentConfig": dict(agent_config),
+    }
+
+
+def values_file(path: Path, doc: Mapping[str, object]) -> str:
+    """``doc`` written as a values file (JSON is YAML) at ``path``; the path."""
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def pool_values(tmp: Path, agent_config: Mapping[str, object], name: str = "pool.yaml") -> str:
+    """A values file ``tmp/name`` overriding the local pool's agentConfig only."""
+    return values_file(tmp / name, {"nodePools": [local_pool(agent_config)]})
+
+
+def dra_values(kube: Kube, driver: str) -> dict[str, object]:
+    """Values of the local pool only, in DRA mode; the kubelet's plugin dirs are below its
+    --root-dir (the kubelet dials the socket path the registration names, so the agent
+    mounts them at the host paths)."""
+    root = Path(kube.env["KUBELET_ROOT_DIR"])
+    return {
+        "hostPaths": {
+            "kubeletPluginsDir": str(root / "plugins"),
+            "kubeletPluginsRegistryDir": str(root / "plugins_registry"),
+        },
+        "nodePools": [local_pool({"dra": {"enabled": True, "driverName": driver}})],
+    }
 
 
 def container(

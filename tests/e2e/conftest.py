@@ -25,7 +25,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from testkit.e2e import AGENT_NS, Kube
+from testkit.e2e import Kube
 from testkit.harness import BUILD_SCRIPT, cluster_info, helm_path, loud_skip, run_script
 from testkit.pytest_cluster import LocalCluster, lock_taken
 
@@ -102,15 +102,7 @@ def kube(local_cluster: LocalCluster) -> Iterator[Kube]:
         )
         assert imp.returncode == 0, "importing the image failed: see above"
         k = Kube(env=local_cluster.env, helm_bin=_Session.helm)
-        if k.kubectl("get", "namespace", AGENT_NS, check=False).returncode != 0:
-            k.kubectl("create", "namespace", AGENT_NS)
-        k.kubectl(
-            "label",
-            "namespace",
-            AGENT_NS,
-            "--overwrite",
-            "pod-security.kubernetes.io/enforce=privileged",
-        )
+        k.ensure_agent_namespace()
         if k.installed():  # a leftover of an interrupted run: start clean
             k.uninstall()
         k.install()

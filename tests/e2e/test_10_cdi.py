@@ -17,7 +17,7 @@ import pytest
 
 from gpu_share.devices.dummy import dummy_uuid
 from gpu_share.sharing.cdi import ENV_CDI_DEVICE_PREFIX, spec_file_name
-from testkit.e2e import DEVICES, MEM, Kube, assignment, container, pod
+from testkit.e2e import DEVICES, MEM, Kube, assignment, container, pod, pool_values
 from testkit.harness import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -30,15 +30,8 @@ NODE_PREFIX = "dummy-npu"
 def _pool_values(tmp: Path, strategy: str) -> str:
     """Only the local pool's runtime (see story 7: `--set nodePools[0]...` would replace
     the whole pool entry)."""
-    path = tmp / f"pool-{strategy}.yaml"
     runtime = {"deviceListStrategy": [strategy], "cdiKind": KIND, "passDeviceSpecs": False}
-    pool = {
-        "name": "local",
-        "nodeSelector": {"kubernetes.io/os": "linux"},
-        "agentConfig": {"runtime": runtime},
-    }
-    path.write_text(json.dumps({"nodePools": [pool]}))
-    return str(path)
+    return pool_values(tmp, {"runtime": runtime}, f"pool-{strategy}.yaml")
 
 
 def _upgrade(kube: Kube, *extra: str, rolls: bool = True) -> None:

@@ -59,7 +59,9 @@ from testkit.e2e import (
     UNITS_PER_DEVICE,
     Kube,
     container,
+    dra_values,
     pod,
+    values_file,
 )
 from testkit.harness import cluster_cmd, wait_until
 
@@ -85,26 +87,8 @@ def _plugin_dir(kube: Kube) -> Path:
 
 
 def _dra_values(kube: Kube, tmp: Path) -> str:
-    """Only the local pool, in DRA mode; the kubelet's plugin dirs are below its
-    --root-dir (the kubelet dials the socket path the registration names, so the agent
-    mounts them at the host paths)."""
-    root = Path(kube.env["KUBELET_ROOT_DIR"])
-    doc = {
-        "hostPaths": {
-            "kubeletPluginsDir": str(root / "plugins"),
-            "kubeletPluginsRegistryDir": str(root / "plugins_registry"),
-        },
-        "nodePools": [
-            {
-                "name": "local",
-                "nodeSelector": {"kubernetes.io/os": "linux"},
-                "agentConfig": {"dra": {"enabled": True, "driverName": DRIVER}},
-            }
-        ],
-    }
-    path = tmp / "pool-dra.yaml"
-    path.write_text(json.dumps(doc))
-    return str(path)
+    """Only the local pool, in DRA mode (``dra_values``), as a values file."""
+    return values_file(tmp / "pool-dra.yaml", dra_values(kube, DRIVER))
 
 
 def _wait_rolled(kube: Kube, old_uid: str | None, timeout: float = 180) -> dict[str, Any]:

@@ -33,7 +33,17 @@ from gpu_share.devices.dummy import dummy_uuid
 from gpu_share.sharing.cdi import ENV_CDI_DEVICE_PREFIX
 from gpu_share.sharing.dra.claim_translation import MANAGED_BY, ClaimShape, claim_name
 from gpu_share.sharing.quantity import MIB, parse_quantity
-from testkit.e2e import AGENT_NS, CORE, MEM, RELEASE, Kube, container, pod
+from testkit.e2e import (
+    AGENT_NS,
+    CORE,
+    MEM,
+    RELEASE,
+    Kube,
+    container,
+    dra_values,
+    pod,
+    values_file,
+)
 from testkit.harness import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -55,19 +65,7 @@ def _say(msg: str) -> None:
 def _values(kube: Kube, tmp: Path) -> str:
     """The local pool in DRA mode (story 11's values) plus the webhook, reachable from
     the API server on the node's loopback."""
-    root = Path(kube.env["KUBELET_ROOT_DIR"])
-    doc = {
-        "hostPaths": {
-            "kubeletPluginsDir": str(root / "plugins"),
-            "kubeletPluginsRegistryDir": str(root / "plugins_registry"),
-        },
-        "nodePools": [
-            {
-                "name": "local",
-                "nodeSelector": {"kubernetes.io/os": "linux"},
-                "agentConfig": {"dra": {"enabled": True, "driverName": DRIVER}},
-            }
-        ],
+    webhook = {
         "webhook": {
             "enabled": True,
             "replicas": 1,  # host network: one per node
@@ -81,27 +79,12 @@ def _values(kube: Kube, tmp: Path) -> str:
             "logLevel": "debug",
         },
     }
-    path = tmp / "pool-dra-webhook.yaml"
-    path.write_text(json.dumps(doc))
-    return str(path)
+    return values_file(tmp / "pool-dra-webhook.yaml", dra_values(kube, DRIVER) | webhook)
 
 
 def _webhook_pods(kube: Kube) -> list[dict[str, Any]]:
     sel = "app.kubernetes.io/component=webhook"
     return list(kube.get("pods", "-n", AGENT_NS, "-l", sel)["items"])
-
-
-def _webhook_logs(kube: Kube) -> str:
-    out = kube.kubectl(
-        "-n",
-        AGENT_NS,
-        "logs",
-        "-l",
-        "app.kubernetes.io/component=webhook",
-        "--tail=50",
-        check=False,
-    )
-    return out.stdout + out.stderr
 
 
 @dataclass
@@ -206,7 +189,8 @@ def test_story12b_labelled_namespace_pod_is_translated_and_runs(
     try:
         _ready(kube, ns, "plain")
     except AssertionError:
-        _say(f"events: {kube.events(ns, 'plain')}\nwebhook: {_webhook_logs(kube)}")
+        logs = kube.component_logs("webhook", "--tail=50")
+        _say(f"events: {kube.events(ns, 'plain')}\nwebhook: {logs}")
         raise
     p = kube.get("pod", "plain", "-n", ns)
     (st,) = p["status"]["resourceClaimStatuses"]

@@ -99,17 +99,7 @@ def _ready(p: Mapping[str, Any]) -> bool:
 
 
 def _scheduler_logs(kube: Kube) -> str:
-    out = kube.kubectl(
-        "-n",
-        AGENT_NS,
-        "logs",
-        "-l",
-        "app.kubernetes.io/component=scheduler",
-        "--all-containers",
-        "--tail=40",
-        check=False,
-    )
-    return out.stdout + out.stderr
+    return kube.component_logs("scheduler", "--all-containers", "--tail=40")
 
 
 def _upgrade(kube: Kube, *extra: str) -> None:

@@ -14,9 +14,11 @@ from testkit.e2e import (
     UNITS_PER_DEVICE,
     Kube,
     assert_consistent,
+    assert_pods_kept,
     container,
     kubelet_devices,
     pod,
+    pod_uids,
 )
 from testkit.harness import cluster_cmd, wait_until
 
@@ -44,7 +46,7 @@ def test_story4_kubelet_restart_plugin_reregisters_slices_kept(agent: Kube, name
     agent.wait_ready(namespace)
     before = agent.namespace_devices(namespace)
     assert len(before) == 3
-    uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in agent.pods(namespace)}
+    uids = pod_uids(agent, namespace)
 
     cluster_cmd("restart-kubelet", timeout=240)
     t0 = time.monotonic()
@@ -58,17 +60,7 @@ def test_story4_kubelet_restart_plugin_reregisters_slices_kept(agent: Kube, name
     sys.stderr.write(f"\nstory 4: re-registered {took:.1f}s after the kubelet came back\n")
     assert took < 30
 
-    # The new kubelet lists a running pod in PodResources once it has synced it again.
-    after = wait_until(
-        "the new kubelet lists the running pods",
-        lambda: (a := agent.namespace_devices(namespace)) and len(a) == len(before) and a,
-        90,
-    )
-    assert after == before, "running pods' device ids changed across the kubelet restart"
-    for p in agent.pods(namespace):
-        assert p["metadata"]["uid"] == uids[p["metadata"]["name"]]
-        assert p["status"]["phase"] == "Running"
-        assert all(cs["restartCount"] == 0 for cs in p["status"]["containerStatuses"])
+    assert_pods_kept(agent, namespace, before, uids, "the kubelet restart")
 
     agent.apply([pod("after", namespace, [container("main", 4, 30)])])
     agent.kubectl(

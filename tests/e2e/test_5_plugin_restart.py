@@ -6,14 +6,13 @@ from __future__ import annotations
 import pytest
 
 from testkit.e2e import (
-    AGENT_NS,
     Kube,
     assert_consistent,
     container,
     kubelet_devices,
     pod,
+    run_shapes,
 )
-from testkit.harness import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -22,23 +21,11 @@ def test_story5_agent_pod_deleted_slices_kept_no_reuse(agent: Kube, namespace: s
     """Story 5: delete the agent pod; old slices kept (ledger + reconciliation), new pods'
     slices disjoint from those in use."""
     shapes = [(4, 30), (6, 50), (2, 0), (0, 40), (8, 20)]
-    agent.apply(
-        pod(f"old-{i}", namespace, [container("main", m, c)]) for i, (m, c) in enumerate(shapes)
-    )
-    agent.wait_ready(namespace)
-    assert_consistent(agent)
-    before = agent.namespace_devices(namespace)
+    before = run_shapes(agent, namespace, shapes)
 
     old_agent = agent.ready_agent()
     assert old_agent is not None
-    agent.kubectl(
-        "-n", AGENT_NS, "delete", "pod", old_agent["metadata"]["name"], "--wait=true", timeout=120
-    )
-    wait_until(
-        "a new ready agent pod",
-        lambda: (p := agent.ready_agent()) and p["metadata"]["uid"] != old_agent["metadata"]["uid"],
-        120,
-    )
+    agent.replace_agent_pod(old_agent, 120)
     agent.wait_agent_serving()
 
     # Enough new pods to need the units the old ones hold, if they were forgotten.

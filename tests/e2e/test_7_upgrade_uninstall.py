@@ -4,7 +4,6 @@ existing allocations consistent; a unit-size change on a pool without pods takes
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -18,25 +17,13 @@ from testkit.e2e import (
     container,
     kubelet_devices,
     pod,
+    pool_values,
 )
 from testkit.harness import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 SOCKETS = ("gpu-share-vcuda-memory.sock", "gpu-share-vcuda-core.sock")
-
-
-def _pool_values(tmp: Path, agent_config: dict[str, object]) -> str:
-    """A values file overriding the local pool only (a `--set nodePools[0]...` would
-    replace the whole list, pool name and selector included)."""
-    path = tmp / "pool.yaml"
-    pool = {
-        "name": "local",
-        "nodeSelector": {"kubernetes.io/os": "linux"},
-        "agentConfig": agent_config,
-    }
-    path.write_text(json.dumps({"nodePools": [pool]}))
-    return str(path)
 
 
 def test_story7_upgrade_rolls_agent_keeps_allocations_uninstall_withdraws(
@@ -52,7 +39,7 @@ def test_story7_upgrade_rolls_agent_keeps_allocations_uninstall_withdraws(
     assert old is not None
 
     agent.install(
-        "-f", _pool_values(tmp_path, {"placement": {"policy": "spread"}}), action="upgrade"
+        "-f", pool_values(tmp_path, {"placement": {"policy": "spread"}}), action="upgrade"
     )
     wait_until(
         "the agent pod rolled",
@@ -89,7 +76,7 @@ def test_story7_upgrade_rolls_agent_keeps_allocations_uninstall_withdraws(
     )
     old = agent.ready_agent()
     assert old is not None
-    agent.install("-f", _pool_values(tmp_path, {"memoryUnitMiB": 2048}), action="upgrade")
+    agent.install("-f", pool_values(tmp_path, {"memoryUnitMiB": 2048}), action="upgrade")
     wait_until(
         "allocatable in 2 GiB units",
         lambda: agent.node_resources()["allocatable"] == {MEM: DEVICES * 8, CORE: DEVICES * 100},

@@ -33,12 +33,16 @@ from testkit.e2e import (
     Kube,
     agent_host_pid,
     assert_consistent,
+    assert_pods_kept,
     container,
     env_commitment,
     env_matches_kubelet,
     kubelet_devices,
     overcommit,
     pod,
+    pod_uids,
+    pool_values,
+    run_shapes,
     seen_on_host,
 )
 from testkit.harness import cluster_cmd, wait_until
@@ -204,14 +208,9 @@ def test_story9b_node_reboot_kubelet_and_agent_restart_slices_kept(
     which re-registers; running pods keep uid, restart count 0 and exactly their device
     ids; 4 new pods get ids disjoint from theirs; audit clean."""
     shapes = [(4, 30), (2, 0), (0, 40), (6, 20), (3, 10)]
-    agent.apply(
-        pod(f"old-{i}", namespace, [container("main", m, c)]) for i, (m, c) in enumerate(shapes)
-    )
-    agent.wait_ready(namespace)
-    assert_consistent(agent)
-    before = agent.namespace_devices(namespace)
+    before = run_shapes(agent, namespace, shapes)
     assert len(before) == len(shapes)
-    uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in agent.pods(namespace)}
+    uids = pod_uids(agent, namespace)
     old_agent = agent.ready_agent()
     assert old_agent is not None
     old_restarts = old_agent["status"]["containerStatuses"][0]["restartCount"]
@@ -239,16 +238,7 @@ def test_story9b_node_reboot_kubelet_and_agent_restart_slices_kept(
         f"9b: kubelet back after {t_kubelet:.0f}s, agent serving "
         f"{time.monotonic() - t0:.0f}s after the 'reboot' began"
     )
-    after = wait_until(
-        "the new kubelet lists the running pods",
-        lambda: (a := agent.namespace_devices(namespace)) and len(a) == len(before) and a,
-        90,
-    )
-    assert after == before, "running pods' device ids changed across the node reboot"
-    for p in agent.pods(namespace):
-        assert p["metadata"]["uid"] == uids[p["metadata"]["name"]]
-        assert p["status"]["phase"] == "Running"
-        assert all(cs["restartCount"] == 0 for cs in p["status"]["containerStatuses"])
+    assert_pods_kept(agent, namespace, before, uids, "the node reboot")
 
     agent.apply(pod(f"new-{i}", namespace, [container("main", 4, 20)]) for i in range(4))
     settled = agent.wait_pods_settled(namespace, timeout=180)
@@ -268,16 +258,6 @@ def test_story9b_node_reboot_kubelet_and_agent_restart_slices_kept(
 # ------------------------------------------------------------------ 9c helm rollback
 
 
-def _pool_values(tmp: Path, agent_config: dict[str, object]) -> str:
-    """A values file overriding the local pool only (as in story 7)."""
-    path = tmp / "pool.yaml"
-    pool = {
-        "name": "local",
-        "nodeSelector": {"kubernetes.io/os": "linux"},
-        "agentConfig": agent_config,
-    }
-    path.write_text(json.dumps({"nodePools": [pool]}))
-    return str(path)
 
 
 def _revision(kube: Kube) -> int:
@@ -316,7 +296,7 @@ def test_story9c_rollback_after_unit_size_upgrade_with_running_slices(
 
     old = agent.ready_agent()
     assert old is not None
-    agent.install("-f", _pool_values(tmp_path, {"memoryUnitMiB": 2048}), action="upgrade")
+    agent.install("-f", pool_values(tmp_path, {"memoryUnitMiB": 2048}), action="upgrade")
     wait_until("the agent pod rolled (upgrade)", _rolled(agent, old["metadata"]["uid"]), 180)
     cfg = agent.agent_exec("cat", "/etc/gpu-share/config.yaml").stdout
     assert "2048" in cfg, cfg
