@@ -20,9 +20,9 @@ pod already, so this only guards a watch against a surprise).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict, TypeVar, Unpack
 
 from gpu_share.errors import InputError
 from gpu_share.sharing.model import ContainerKind, ContainerRequest, ContainerView
@@ -30,6 +30,8 @@ from gpu_share.sharing.placement import ANY_MODEL, Demand, ModelReq, PodDemand
 from gpu_share.sharing.placement.pod_models import DEFAULT_MODEL_LABEL, pod_models
 from gpu_share.sharing.quantity import QuantityError, parse_quantity, pod_host_request
 from gpu_share.sharing.untrusted import section
+
+T = TypeVar("T")
 
 __all__ = [
     "MAX_AMOUNT",
@@ -175,52 +177,58 @@ def _models(pod: Mapping[str, Any], domain: str, model_label: str) -> ModelReq:
         raise PodRequestError(f"models: {str(e)[:200]}") from None
 
 
+class RequestOptions(TypedDict, total=False):
+    """What to read besides the containers' amounts: ``placement=False`` skips the host
+    request and models (what the node agent does not need)."""
+
+    domain: str
+    model_label: str
+    placement: bool
+
+
 def parse_pod_request(
-    pod: Mapping[str, Any],
-    memory: str,
-    core: str,
-    *,
-    domain: str = "",
-    model_label: str = DEFAULT_MODEL_LABEL,
-    placement: bool = True,
+    pod: Mapping[str, Any], memory: str, core: str, **options: Unpack[RequestOptions]
 ) -> PodRequest:
     """The pod's ask; raises ``PodRequestError`` on anything malformed. ``memory`` and
-    ``core`` are the full resource names; ``placement=False`` skips the host request
-    and models (what the node agent does not need)."""
-    containers = _asks(pod, memory, core, None)
-    if not placement:
-        return PodRequest(containers)
-    cpu, host_memory = _host(pod)
-    return PodRequest(containers, cpu, host_memory, _models(pod, domain, model_label))
+    ``core`` are the full resource names."""
+    return _pod_request(pod, memory, core, None, **options)
 
 
 def read_pod_request(
-    pod: Mapping[str, Any],
-    memory: str,
-    core: str,
-    *,
-    domain: str = "",
-    model_label: str = DEFAULT_MODEL_LABEL,
-    placement: bool = True,
+    pod: Mapping[str, Any], memory: str, core: str, **options: Unpack[RequestOptions]
 ) -> PodRequest:
     """``parse_pod_request`` that never raises: a malformed amount counts as 0, a
     malformed host request as (0, 0), malformed models as any model, a malformed
     container list as none; each is listed in ``problems``."""
-    problems: list[PodRequestError] = []
+    return _pod_request(pod, memory, core, [], **options)
+
+
+def _part(problems: list[PodRequestError] | None, read: Callable[[], T], fallback: T) -> T:
+    # Strict (problems None): the error propagates; lenient: recorded, fallback used.
+    if problems is None:
+        return read()
     try:
-        containers = _asks(pod, memory, core, problems)
+        return read()
     except PodRequestError as e:
-        containers, problems = (), [*problems, e]
+        problems.append(e)
+        return fallback
+
+
+def _pod_request(
+    pod: Mapping[str, Any],
+    memory: str,
+    core: str,
+    problems: list[PodRequestError] | None,
+    *,
+    domain: str = "",
+    model_label: str = DEFAULT_MODEL_LABEL,
+    placement: bool = True,
+) -> PodRequest:
+    none: tuple[ContainerView, ...] = ()
+    containers = _part(problems, lambda: _asks(pod, memory, core, problems), none)
     if not placement:
-        return PodRequest(containers, problems=tuple(problems))
-    host, models = (0, 0), ANY_MODEL
-    try:
-        host = _host(pod)
-    except PodRequestError as e:
-        problems.append(e)
-    try:
-        models = _models(pod, domain, model_label)
-    except PodRequestError as e:
-        problems.append(e)
-    return PodRequest(containers, host[0], host[1], models, tuple(problems))
+        return PodRequest(containers, problems=tuple(problems or ()))
+    cpu, host_memory = _part(problems, lambda: _host(pod), (0, 0))
+    models = _part(problems, lambda: _models(pod, domain, model_label), ANY_MODEL)
+    return PodRequest(containers, cpu, host_memory, models, tuple(problems or ()))
 
