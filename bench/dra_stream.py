@@ -21,7 +21,7 @@ from typing import Any
 
 from bench.replay import trace
 from gpu_share.devices.base import Device
-from gpu_share.sharing.annotations import InventoryAnnotation, InventoryDevice, inventory_key
+from gpu_share.sharing.annotations import inventory_key
 from gpu_share.sharing.dra.claim_translation import (
     Translation,
     TranslationSettings,
@@ -39,6 +39,7 @@ from gpu_share.sharing.placement import (
     make_policy,
 )
 from gpu_share.sharing.quantity import parse_quantity
+from testkit import scheduler as testkit_scheduler
 
 UNITS = 100  # memory units and cores per device, as the product (and the extender test)
 UNIT_MIB = 1024  # one memory unit is 1 GiB
@@ -152,27 +153,12 @@ INVENTORY_KEY = inventory_key("vendor.com")
 
 def inventory_annotation(n: NodeSlots) -> str:
     """The extender's view of the same devices (tests/extender's annotation)."""
-    return InventoryAnnotation(
-        n.name,
-        UNIT_MIB,
-        tuple(
-            InventoryDevice(d.uuid, d.index, n.model, UNITS, 0, UNITS, 0, True, 0)
-            for d in n.devices
-        ),
-    ).encode()
+    return testkit_scheduler.inventory_annotation(n, UNITS, UNIT_MIB)
 
 
 def node_status(n: NodeSlots) -> dict[str, Any]:
     """Allocatable = the trace's CPU and memory, plus the vcuda sums for the extender."""
-    gpu = str(len(n.devices) * UNITS)
-    cap = {
-        "cpu": f"{n.cpu_free}m",
-        "memory": f"{n.host_memory_free}Mi",
-        "pods": "1000",
-        MEM: gpu,
-        CORE: gpu,
-    }
-    return {"capacity": cap, "allocatable": cap}
+    return testkit_scheduler.node_status(n, UNITS)
 
 
 def resource_slice(n: NodeSlots, tag: str) -> dict[str, Any]:

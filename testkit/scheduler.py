@@ -1,4 +1,5 @@
-"""A gpu-share extender (in this process) and a second real kube-scheduler calling it."""
+"""A gpu-share extender (in this process) and a second real kube-scheduler calling it;
+the Node objects (no kubelet) it places pods on, and the namespace of a test's pods."""
 
 from __future__ import annotations
 
@@ -7,16 +8,23 @@ import os
 import socket
 import subprocess
 import threading
-from collections.abc import Iterator
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from gpu_share.extender.core import Extender, ExtenderSettings
 from gpu_share.extender.http import make_server
+from gpu_share.sharing.annotations import InventoryAnnotation, InventoryDevice
 from gpu_share.sharing.model import ResourceNames
-from gpu_share.sharing.placement import Workload, make_policy
+from gpu_share.sharing.placement import NodeSlots, Workload, make_policy
+from testkit.harness import live_cluster
+
+if TYPE_CHECKING:
+    import pytest
 
 MEM, CORE = "vendor.com/vcuda-memory", "vendor.com/vcuda-core"
 
@@ -38,6 +46,75 @@ def extender_entry(port: int, mem: str = MEM, core: str = CORE) -> dict[str, Any
             {"name": core, "ignoredByScheduler": False},
         ],
     }
+
+
+def inventory_annotation(n: NodeSlots, units: int, unit_mib: int = 1024) -> str:
+    """The agent's inventory annotation of ``n``: each device healthy and free, ``units``
+    memory units and cores."""
+    return InventoryAnnotation(
+        n.name,
+        unit_mib,
+        tuple(
+            InventoryDevice(d.uuid, d.index, n.model, units, 0, units, 0, True, 0)
+            for d in n.devices
+        ),
+    ).encode()
+
+
+def node_status(n: NodeSlots, units: int) -> dict[str, Any]:
+    """Capacity = allocatable = the node's CPU and memory, plus the vcuda sums."""
+    gpu = str(len(n.devices) * units)
+    cap = {
+        "cpu": f"{n.cpu_free}m",
+        "memory": f"{n.host_memory_free}Mi",
+        "pods": "1000",
+        MEM: gpu,
+        CORE: gpu,
+    }
+    return {"capacity": cap, "allocatable": cap}
+
+
+@dataclass
+class LiveSpace:
+    """What a test on the local cluster with its own scheduler names: its namespace and
+    scheduler (``gs-<kind>-<tag>``, ``gpu-share-<kind>-<tag>``), an admin CoreV1Api."""
+
+    env: Mapping[str, str]
+    core: Any
+    tag: str
+    ns: str
+    sched_name: str
+
+    @property
+    def kubeconfig(self) -> str:
+        return self.env["KUBECONFIG"]
+
+    @property
+    def sched_bin(self) -> Path:
+        return Path(self.env["K8S_BIN_DIR"]) / "kube-scheduler"
+
+    def remove_unrun(self, nodes: Sequence[str]) -> None:
+        """Best effort: the pods no kubelet runs (only a zero grace period removes them
+        at once), the namespace, then ``nodes``."""
+        with contextlib.suppress(Exception):
+            self.core.delete_collection_namespaced_pod(self.ns, grace_period_seconds=0)
+        with contextlib.suppress(Exception):
+            self.core.delete_namespace(self.ns, grace_period_seconds=0)
+        for n in nodes:
+            with contextlib.suppress(Exception):
+                self.core.delete_node(n)
+
+
+def live_space(request: pytest.FixtureRequest, what: str, kind: str) -> LiveSpace:
+    """The local cluster (skips without it: ``live_cluster``) and fresh names."""
+    from kubernetes import client as k8s  # the test may import it; the package may not
+
+    from testkit.kube_admin import admin_client
+
+    env = live_cluster(request, what)
+    core = k8s.CoreV1Api(admin_client(env["KUBECONFIG"]))
+    tag = uuid.uuid4().hex[:6]
+    return LiveSpace(env, core, tag, f"gs-{kind}-{tag}", f"gpu-share-{kind}-{tag}")
 
 
 def free_port() -> int:

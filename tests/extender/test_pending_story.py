@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,9 +18,9 @@ from typing import Any
 import pytest
 
 from gpu_share.sharing.placement import Shape, Workload
-from testkit.harness import live_cluster, wait_until
+from testkit.harness import wait_until
 from testkit.host_agent import HostAgent
-from testkit.scheduler import CORE, MEM, extender_and_scheduler
+from testkit.scheduler import CORE, MEM, extender_and_scheduler, live_space
 
 pytestmark = pytest.mark.cluster
 
@@ -52,16 +51,9 @@ def _pod(name: str, sched: str, mem: int) -> dict:
 def test_pod_that_fits_no_single_device_stays_pending_with_a_reason(
     tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    from kubernetes import client as k8s
-
-    from testkit.kube_admin import admin_client
-
-    env = live_cluster(request, "pending story")
-    kubeconfig = env["KUBECONFIG"]
-    api = admin_client(kubeconfig)
-    core = k8s.CoreV1Api(api)
-    tag = uuid.uuid4().hex[:6]
-    ns, sched_name = f"gs-pending-{tag}", f"gpu-share-pending-{tag}"
+    space = live_space(request, "pending story", "pending")
+    env, kubeconfig, core = space.env, space.kubeconfig, space.core
+    ns, sched_name = space.ns, space.sched_name
     (tmp_path / "key").write_bytes(KEY)
     agent = HostAgent(
         env,
@@ -85,7 +77,7 @@ def test_pod_that_fits_no_single_device_stays_pending_with_a_reason(
         core.create_namespace({"metadata": {"name": ns}})
         with extender_and_scheduler(
             kubeconfig,
-            Path(env["K8S_BIN_DIR"]) / "kube-scheduler",
+            space.sched_bin,
             tmp_path,
             sched_name,
             workload,

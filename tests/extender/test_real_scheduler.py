@@ -14,18 +14,16 @@ Needs the local cluster (hack/local-up-cluster.sh up); cleans up its nodes and p
 
 from __future__ import annotations
 
-import contextlib
-import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bench.replay import trace
-from gpu_share.sharing.annotations import InventoryAnnotation, InventoryDevice, inventory_key
+from gpu_share.sharing.annotations import inventory_key
 from gpu_share.sharing.placement import ClusterIndex, Shape, TieBreak, Workload, make_policy
-from testkit.harness import live_cluster, wait_until
-from testkit.scheduler import extender_and_scheduler
+from testkit.harness import wait_until
+from testkit.scheduler import extender_and_scheduler, inventory_annotation, live_space, node_status
 
 pytestmark = pytest.mark.cluster
 
@@ -37,19 +35,9 @@ KEY = b"real-scheduler-test-key-0123456789"
 
 
 def test_real_scheduler_matches_simulator(tmp_path: Path, request: pytest.FixtureRequest) -> None:
-    from kubernetes import client as k8s  # the test may import it; the package may not
-
-    from testkit.kube_admin import admin_client
-
-    env = live_cluster(request, "real-scheduler test")
-    kubeconfig = env["KUBECONFIG"]
-    sched_bin = Path(env["K8S_BIN_DIR"]) / "kube-scheduler"
-    api = admin_client(kubeconfig)
-    core = k8s.CoreV1Api(api)
-    tag = uuid.uuid4().hex[:6]
+    space = live_space(request, "real-scheduler test", "replay")
+    core, tag, ns, sched_name = space.core, space.tag, space.ns, space.sched_name
     prefix = f"gsr{tag}-"
-    sched_name = f"gpu-share-replay-{tag}"
-    ns = f"gs-replay-{tag}"
 
     all_nodes = trace.load_nodes(units=UNITS)
     nodes = all_nodes[:: max(1, len(all_nodes) // N_NODES)][:N_NODES]
@@ -99,36 +87,22 @@ def test_real_scheduler_matches_simulator(tmp_path: Path, request: pytest.Fixtur
     try:
         core.create_namespace({"metadata": {"name": ns}})
         for n in sim_nodes:
-            inv = InventoryAnnotation(
-                n.name,
-                1024,
-                tuple(
-                    InventoryDevice(d.uuid, d.index, n.model, UNITS, 0, UNITS, 0, True, 0)
-                    for d in n.devices
-                ),
-            )
             core.create_node(
                 {
                     "metadata": {
                         "name": n.name,
                         "labels": {"gs-replay": tag},
-                        "annotations": {inventory_key("vendor.com"): inv.encode()},
+                        "annotations": {
+                            inventory_key("vendor.com"): inventory_annotation(n, UNITS)
+                        },
                     }
                 }
             )
             created_nodes.append(n.name)
-            g = str(len(n.devices) * UNITS)
-            cap = {
-                "cpu": f"{n.cpu_free}m",
-                "memory": f"{n.host_memory_free}Mi",
-                "pods": "1000",
-                MEM: g,
-                CORE: g,
-            }
-            core.patch_node_status(n.name, {"status": {"capacity": cap, "allocatable": cap}})
+            core.patch_node_status(n.name, {"status": node_status(n, UNITS)})
 
         with extender_and_scheduler(
-            kubeconfig, sched_bin, tmp_path, sched_name, workload, KEY
+            space.kubeconfig, space.sched_bin, tmp_path, sched_name, workload, KEY
         ) as sched:
             real_choice: list[str | None] = []
             for i, p in enumerate(chosen):
@@ -175,14 +149,7 @@ def test_real_scheduler_matches_simulator(tmp_path: Path, request: pytest.Fixtur
         )
         assert abs(alloc(sim_choice) - alloc(real_choice)) <= 0.5
     finally:
-        # No kubelet runs these pods: only a zero grace period removes them at once.
-        with contextlib.suppress(Exception):
-            core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
-        with contextlib.suppress(Exception):
-            core.delete_namespace(ns, grace_period_seconds=0)
-        for n in created_nodes:
-            with contextlib.suppress(Exception):
-                core.delete_node(n)
+        space.remove_unrun(created_nodes)
 
 
 def _wait_placed(core: Any, ns: str, name: str, timeout: float) -> str | None:

@@ -12,9 +12,7 @@ Needs the local cluster (hack/local-up-cluster.sh up); cleans up its nodes and p
 
 from __future__ import annotations
 
-import contextlib
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +21,13 @@ import pytest
 from gpu_share.sharing.annotations import InventoryAnnotation, InventoryDevice, inventory_key
 from gpu_share.sharing.placement import ModelReq, Shape, Workload
 from gpu_share.sharing.placement.pod_models import DEFAULT_MODEL_LABEL, models_key
-from testkit.harness import live_cluster, wait_until
-from testkit.scheduler import CORE, MEM, extender_and_scheduler
+from testkit.harness import wait_until
+from testkit.scheduler import (
+    CORE,
+    MEM,
+    extender_and_scheduler,
+    live_space,
+)
 from tests.extender.test_real_scheduler import _wait_placed
 
 pytestmark = pytest.mark.cluster
@@ -81,16 +84,8 @@ def _pod(name: str, sched: str, tag: str, units: int, **extra: Any) -> dict[str,
 def test_model_restricted_pods_land_on_allowed_models_or_stay_pending(
     tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    from kubernetes import client as k8s  # the test may import it; the package may not
-
-    from testkit.kube_admin import admin_client
-
-    env = live_cluster(request, "real-scheduler test")
-    kubeconfig = env["KUBECONFIG"]
-    api = admin_client(kubeconfig)
-    core = k8s.CoreV1Api(api)
-    tag = uuid.uuid4().hex[:6]
-    ns, sched_name = f"gs-models-{tag}", f"gpu-share-models-{tag}"
+    space = live_space(request, "real-scheduler test", "models")
+    core, tag, ns, sched_name = space.core, space.tag, space.ns, space.sched_name
     models = {f"gsm{tag}-t4-{i}": T4 for i in range(2)} | {
         f"gsm{tag}-a100-{i}": A100 for i in range(2)
     }
@@ -102,8 +97,8 @@ def test_model_restricted_pods_land_on_allowed_models_or_stay_pending(
             _node(core, name, tag, model)
             created.append(name)
         with extender_and_scheduler(
-            kubeconfig,
-            Path(env["K8S_BIN_DIR"]) / "kube-scheduler",
+            space.kubeconfig,
+            space.sched_bin,
             tmp_path,
             sched_name,
             workload,
@@ -137,14 +132,7 @@ def test_model_restricted_pods_land_on_allowed_models_or_stay_pending(
             time.sleep(2)  # and it stays that way
             assert core.read_namespaced_pod("h100", ns).spec.node_name is None
     finally:
-        # No kubelet runs these pods: only a zero grace period removes them at once.
-        with contextlib.suppress(Exception):
-            core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
-        with contextlib.suppress(Exception):
-            core.delete_namespace(ns, grace_period_seconds=0)
-        for n in created:
-            with contextlib.suppress(Exception):
-                core.delete_node(n)
+        space.remove_unrun(created)
 
 
 def _event_messages(core: Any, ns: str, name: str) -> list[str]:
