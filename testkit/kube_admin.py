@@ -4,6 +4,8 @@
   (namespaces, RBAC, admission objects, typed reads), configured by the product's one
   loader (``kube.rest_config``). Test-side only: gpu_share never imports ``kubernetes``;
   the code under test gets a ``kube.rest.RestClient``.
+  ``client_for`` makes one for any ``RestConfig`` (a service account's, say).
+- ``allowed``: whether a call of such a client gets through or is refused (403).
 - ``idle_api``: a ``RestClient`` for code under test that must never call it.
 """
 
@@ -13,17 +15,12 @@ import atexit
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpu_share.kube.rest import RestClient
-from gpu_share.kube.rest_config import (
-    SERVICE_CA_FILE,
-    SERVICE_TOKEN_FILE,
-    RestConfig,
-    load_rest_config,
-)
+from gpu_share.kube.rest_config import RestConfig, load_rest_config
 
 if TYPE_CHECKING:
     from kubernetes import client as k8s
@@ -51,21 +48,16 @@ def _as_file(data: bytes | None, name: str) -> str | None:
     return path
 
 
-def admin_client(
-    kubeconfig: str | None = None,
-    *,
-    context: str | None = None,
-    environ: Mapping[str, str] | None = None,
-    token_file: str = SERVICE_TOKEN_FILE,
-    ca_file: str = SERVICE_CA_FILE,
-) -> k8s.ApiClient:
-    """An ApiClient for what ``load_rest_config`` reads (inline certificate data is
-    written to private files for the process's life: the generated client reads files;
-    a token file is read once)."""
+def admin_client(kubeconfig: str | None = None, *, context: str | None = None) -> k8s.ApiClient:
+    """An ApiClient for the kubeconfig (and context) as ``load_rest_config`` reads it."""
+    return client_for(load_rest_config(kubeconfig, context=context))
+
+
+def client_for(cfg: RestConfig) -> k8s.ApiClient:
+    """An ApiClient for ``cfg`` (inline certificate data is written to private files for
+    the process's life: the generated client reads files; a token file is read once)."""
     from kubernetes import client as k8s  # imported here: idle_api needs none
 
-    cfg = load_rest_config(kubeconfig, context=context, environ=environ,
-                           token_file=token_file, ca_file=ca_file)
     c: Any = k8s.Configuration()
     c.host = cfg.server
     c.verify_ssl = not cfg.insecure
@@ -77,3 +69,17 @@ def admin_client(
     if token:
         c.api_key = {"authorization": f"Bearer {token}"}
     return k8s.ApiClient(configuration=c)
+
+
+def allowed(call: Callable[[], Any]) -> bool:
+    """True when ``call`` goes through, False when the API server answers 403 (RBAC or an
+    admission policy not in force yet, or in force); any other failure is raised."""
+    from kubernetes import client as k8s
+
+    try:
+        call()
+    except k8s.ApiException as e:
+        if e.status == 403:
+            return False
+        raise
+    return True

@@ -33,7 +33,7 @@ from gpu_share.cli import kubectl_plugin as kp
 from gpu_share.sharing.annotations import inventory_key
 from gpu_share.sharing.cordon import Cordon, cordon_key, parse_cordon
 from testkit.harness.wait import until
-from testkit.kube_admin import admin_client
+from testkit.kube_admin import admin_client, allowed
 from tests.chart.conftest import CHART, NAMESPACE, RELEASE, helm_path
 from tests.cli.objects import DOMAIN, node_obj
 
@@ -156,23 +156,13 @@ def env(apiserver: ApiServer, tmp_path_factory: pytest.TempPathFactory) -> Itera
                     adm.delete_validating_admission_policy(name)
         # Other L3 modules write gpu-share annotations as admin: wait until nobody refuses.
         probe_key = {"metadata": {"annotations": {inventory_key(DOMAIN): "{}"}}}
-        until(lambda: _allowed(lambda: admin.patch_node(node, probe_key)),
+        until(lambda: allowed(lambda: admin.patch_node(node, probe_key)),
               what="the policy removed")
         admin.delete_node(node)
         for who in roles:
             rbac.delete_cluster_role_binding(f"cordon-{who}-{tag}")
             rbac.delete_cluster_role(f"cordon-{who}-{tag}")
         admin.delete_namespace(ns)
-
-
-def _allowed(call: Callable[[], Any]) -> bool:
-    try:
-        call()
-    except k8s.ApiException as ex:
-        if ex.status == 403:
-            return False
-        raise
-    return True
 
 
 def _args(e: Env, who: str, *rest: str) -> list[str]:

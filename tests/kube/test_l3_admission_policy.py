@@ -34,9 +34,10 @@ from kubernetes import client as k8s
 
 from gpu_share.kube.extender_rbac import EXTENDER_RULES
 from gpu_share.kube.rbac import AGENT_RULES
+from gpu_share.kube.rest_config import load_rest_config
 from gpu_share.sharing.placement.pod_models import models_key
 from testkit.harness.wait import until
-from testkit.kube_admin import admin_client
+from testkit.kube_admin import admin_client, allowed, client_for
 from tests.chart.conftest import CHART, NAMESPACE, RELEASE, helm_path
 
 pytestmark = pytest.mark.apiserver
@@ -142,8 +143,8 @@ def _token_client(
         "KUBERNETES_SERVICE_HOST": "127.0.0.1",
         "KUBERNETES_SERVICE_PORT": str(apiserver.port),
     }
-    api = admin_client(environ=environ, token_file=str(token), ca_file=apiserver.ca_file)
-    return k8s.CoreV1Api(api)
+    cfg = load_rest_config(environ=environ, token_file=str(token), ca_file=apiserver.ca_file)
+    return k8s.CoreV1Api(client_for(cfg))
 
 
 # Everything the tests try, so that RBAC is never what refuses a tenant's request.
@@ -231,7 +232,7 @@ def env(apiserver: ApiServer, tmp_path_factory: pytest.TempPathFactory) -> Itera
     )
     # RBAC reaches the authorizer through an informer: wait for the tenant's grant.
     probe = e.pod([container()])
-    until(lambda: _allowed(lambda: e.create_as_tenant(probe)), what="tenant RBAC")
+    until(lambda: allowed(lambda: e.create_as_tenant(probe)), what="tenant RBAC")
     created: list[dict[str, Any]] = []
     try:
         for kind in POLICY_KINDS:  # policies before their bindings
@@ -253,20 +254,10 @@ def env(apiserver: ApiServer, tmp_path_factory: pytest.TempPathFactory) -> Itera
                 adm.delete_validating_admission_policy(name)
         # Other L3 modules write gpu-share annotations as admin: wait until nobody refuses.
         gone = {"metadata": {"name": "vap-gone", "annotations": {ASSIGNMENT: "x"}}}
-        until(lambda: _allowed(lambda: admin.create_node(gone)), what="the policies removed")
+        until(lambda: allowed(lambda: admin.create_node(gone)), what="the policies removed")
         admin.delete_node("vap-gone")
         for n in (NODE, OTHER_NODE):
             admin.delete_node(n)
-
-
-def _allowed(call: Callable[[], Any]) -> bool:
-    try:
-        call()
-    except k8s.ApiException as e:
-        if e.status == 403:
-            return False
-        raise
-    return True
 
 
 # ---------------------------------------------------------------- item 9: reserved env
