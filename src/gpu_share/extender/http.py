@@ -39,14 +39,8 @@ A = TypeVar("A")
 MiB = 2**20
 # NodeNames-only args (nodeCacheCapable, what the chart configures) are a few KiB even
 # for thousands of nodes; full Nodes lists are bigger, hence a configurable cap.
-EXTENDER_LIMITS = ServerLimits(
-    workers=16,
-    queue=64,
-    max_connections=256,
-    read_timeout_s=10.0,
-    idle_timeout_s=30.0,
-    max_body_bytes=4 * MiB,
-)
+# The timeouts are ServerLimits' defaults (10 s a request, 30 s idle).
+EXTENDER_LIMITS = ServerLimits(workers=16, queue=64, max_connections=256, max_body_bytes=4 * MiB)
 INTERNAL_ERROR = "internal error (see the extender log)"
 _PRIORITY = '{"Host": %s, "Score": %d}'
 

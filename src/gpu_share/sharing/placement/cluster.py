@@ -170,27 +170,14 @@ class ClusterIndex:
         shape_id = self._shape_id.setdefault(shape, len(self._shape_id))
         if self.policy.per_node:
             return self._choose_per_node(pod, shape, shape_id)
-        best_score: tuple[float, ...] | None = None
-        best: list[tuple[str, StateEval]] = []
-        rand = self.tie_break is TieBreak.RANDOM
+        best = _Best(self.tie_break is TieBreak.RANDOM)
         for sid, names in self._groups.items():
             ev = self._eval(sid, shape_id, shape)
-            if ev is None or (best_score is not None and ev.score > best_score):
+            if ev is None or (best.score is not None and ev.score > best.score):
                 continue
-            fitting = self._fitting(names, pod, all_of_them=rand)
-            if not fitting:
-                continue
-            if best_score is None or ev.score < best_score:
-                best_score = ev.score
-                best = [(n, ev) for n in fitting]
-            elif rand:
-                best.extend((n, ev) for n in fitting)
-            elif fitting[0] < best[0][0]:
-                best = [(fitting[0], ev)]
-        if not best:
-            return None
-        name, ev = self.rng.choice(best) if rand else best[0]
-        return realise(self.nodes[name], pod, ev)
+            for n in self._fitting(names, pod, all_of_them=best.rand):
+                best.offer(n, ev)
+        return self._realise(best, pod)
 
     def _choose_per_node(
         self, pod: PodDemand, shape: DemandShape, shape_id: int
@@ -198,29 +185,22 @@ class ClusterIndex:
         # Scores depend on each node (host resources, model): GPU states only prune.
         if self.shared_parts:
             return self._choose_by_parts(pod, shape, shape_id)
-        rand = self.tie_break is TieBreak.RANDOM
+        best = _Best(self.tie_break is TieBreak.RANDOM)
         prices = self.policy.prices(self._model_free)
-        best_score: tuple[float, ...] | None = None
-        best: list[tuple[str, StateEval]] = []
         for sid, names in self._groups.items():
             state = self._states[sid]
-            plans = self.policy.plans(state, shape)
-            if not plans:
+            if not self.policy.plans(state, shape):
                 continue
             for n in names:
                 ev = self._node_eval(n, state, pod, (prices, shape))
-                if ev is None:
-                    continue
-                if best_score is None or ev.score < best_score:
-                    best_score = ev.score
-                    best = [(n, ev)]
-                elif ev.score == best_score and rand:
-                    best.append((n, ev))
-                elif ev.score == best_score and n < best[0][0]:
-                    best = [(n, ev)]
-        if not best:
+                if ev is not None:
+                    best.offer(n, ev)
+        return self._realise(best, pod)
+
+    def _realise(self, best: _Best, pod: PodDemand) -> Placement | None:
+        if not best.items:
             return None
-        name, ev = self.rng.choice(best) if rand else best[0]
+        name, ev = self.rng.choice(best.items) if best.rand else best.items[0]
         return realise(self.nodes[name], pod, ev)
 
     def _choose_by_parts(
@@ -233,10 +213,7 @@ class ClusterIndex:
             plans = self.policy.plans(self._states[sid], shape)
             if plans:
                 self._offer_parts(best, self._state_parts(sid, shape_id, plans), names, pod)
-        if not best.items:
-            return None
-        name, ev = self.rng.choice(best.items) if best.rand else best.items[0]
-        return realise(self.nodes[name], pod, ev)
+        return self._realise(best, pod)
 
     def _offer_parts(
         self, best: _Best, parts: StateParts, names: Sequence[str], pod: PodDemand
