@@ -14,6 +14,7 @@ import yaml
 from gpu_share.config.model import AgentConfig
 from gpu_share.kube.rbac import merged_rules
 from tests.chart.conftest import by_kind, helm_path, k8s_validator, one, render, render_error
+from tests.chart.roles import agent_role, role_rules
 
 DRA_ON = "agentConfig.dra.enabled=true"
 DRIVER = "gpu-share.vendor.com"
@@ -39,15 +40,7 @@ def _config(objs: list[dict[str, Any]], pool: str) -> AgentConfig:
 
 
 def _role(objs: list[dict[str, Any]]) -> dict[tuple[str, str], set[str]]:
-    (role,) = [r for r in by_kind(objs, "ClusterRole")
-               if r["metadata"]["name"].endswith("-agent")]
-    out: dict[tuple[str, str], set[str]] = {}
-    for rule in role["rules"]:
-        assert set(rule) == {"apiGroups", "resources", "verbs"}  # no resourceNames etc.
-        for group in rule["apiGroups"]:
-            for res in rule["resources"]:
-                out.setdefault((group, res), set()).update(rule["verbs"])
-    return out
+    return role_rules(agent_role(objs))
 
 
 def _pools_file(tmp_path: Path, pools: list[dict[str, Any]], **extra: Any) -> Path:

@@ -25,6 +25,7 @@ from tests.chart.conftest import (
     render,
     render_error,
 )
+from tests.chart.roles import agent_role, role_rules
 
 NODE_POOLS = REPO / "values-examples" / "node-pools.yaml"
 LOCAL = REPO / "values-examples" / "local-cluster.yaml"
@@ -297,15 +298,8 @@ def test_helm_test_uses_the_service_without_host_network() -> None:
 
 def test_cluster_role_equals_agent_rules() -> None:
     objs = render(helm_path(4))
-    (role,) = [r for r in by_kind(objs, "ClusterRole")
-               if r["metadata"]["name"].endswith("-agent")]
-    rendered: dict[tuple[str, str], set[str]] = {}
-    for rule in role["rules"]:
-        assert set(rule) == {"apiGroups", "resources", "verbs"}  # no resourceNames etc.
-        for group in rule["apiGroups"]:
-            for res in rule["resources"]:
-                rendered.setdefault((group, res), set()).update(rule["verbs"])
-    assert rendered == merged_rules()
+    role = agent_role(objs)
+    assert role_rules(role) == merged_rules()
     (binding,) = by_kind(objs, "ClusterRoleBinding")
     sa = one(objs, "ServiceAccount")["metadata"]
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
