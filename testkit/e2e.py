@@ -309,18 +309,19 @@ def pool_values(tmp: Path, agent_config: Mapping[str, object], name: str = "pool
     return values_file(tmp / name, {"nodePools": [local_pool(agent_config)]})
 
 
-def dra_values(kube: Kube, driver: str) -> dict[str, object]:
-    """Values of the local pool only, in DRA mode; the kubelet's plugin dirs are below its
-    --root-dir (the kubelet dials the socket path the registration names, so the agent
-    mounts them at the host paths)."""
+def dra_values(kube: Kube, path: Path, driver: str, **more: object) -> str:
+    """A values file at ``path``: the local pool only, in DRA mode, and ``more`` top-level
+    values; the kubelet's plugin dirs are below its --root-dir (the kubelet dials the
+    socket path the registration names, so the agent mounts them at the host paths)."""
     root = Path(kube.env["KUBELET_ROOT_DIR"])
-    return {
+    doc = {
         "hostPaths": {
             "kubeletPluginsDir": str(root / "plugins"),
             "kubeletPluginsRegistryDir": str(root / "plugins_registry"),
         },
         "nodePools": [local_pool({"dra": {"enabled": True, "driverName": driver}})],
     }
+    return values_file(path, doc | more)
 
 
 def container(

@@ -61,7 +61,6 @@ from testkit.e2e import (
     container,
     dra_values,
     pod,
-    values_file,
 )
 from testkit.harness import cluster_cmd, wait_until
 
@@ -88,7 +87,7 @@ def _plugin_dir(kube: Kube) -> Path:
 
 def _dra_values(kube: Kube, tmp: Path) -> str:
     """Only the local pool, in DRA mode (``dra_values``), as a values file."""
-    return values_file(tmp / "pool-dra.yaml", dra_values(kube, DRIVER))
+    return dra_values(kube, tmp / "pool-dra.yaml", DRIVER)
 
 
 def _wait_rolled(kube: Kube, old_uid: str | None, timeout: float = 180) -> dict[str, Any]:

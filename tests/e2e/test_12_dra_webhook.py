@@ -33,17 +33,7 @@ from gpu_share.devices.dummy import dummy_uuid
 from gpu_share.sharing.cdi import ENV_CDI_DEVICE_PREFIX
 from gpu_share.sharing.dra.claim_translation import MANAGED_BY, ClaimShape, claim_name
 from gpu_share.sharing.quantity import MIB, parse_quantity
-from testkit.e2e import (
-    AGENT_NS,
-    CORE,
-    MEM,
-    RELEASE,
-    Kube,
-    container,
-    dra_values,
-    pod,
-    values_file,
-)
+from testkit.e2e import AGENT_NS, CORE, MEM, RELEASE, Kube, container, dra_values, pod
 from testkit.harness import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -65,8 +55,11 @@ def _say(msg: str) -> None:
 def _values(kube: Kube, tmp: Path) -> str:
     """The local pool in DRA mode (story 11's values) plus the webhook, reachable from
     the API server on the node's loopback."""
-    webhook = {
-        "webhook": {
+    return dra_values(
+        kube,
+        tmp / "pool-dra-webhook.yaml",
+        DRIVER,
+        webhook={
             "enabled": True,
             "replicas": 1,  # host network: one per node
             "port": PORT,
@@ -78,8 +71,7 @@ def _values(kube: Kube, tmp: Path) -> str:
             ],
             "logLevel": "debug",
         },
-    }
-    return values_file(tmp / "pool-dra-webhook.yaml", dra_values(kube, DRIVER) | webhook)
+    )
 
 
 def _webhook_pods(kube: Kube) -> list[dict[str, Any]]:

@@ -22,12 +22,7 @@ from gpu_share.sharing.annotations import InventoryAnnotation, InventoryDevice, 
 from gpu_share.sharing.placement import ModelReq, Shape, Workload
 from gpu_share.sharing.placement.pod_models import DEFAULT_MODEL_LABEL, models_key
 from testkit.harness import wait_until
-from testkit.scheduler import (
-    CORE,
-    MEM,
-    extender_and_scheduler,
-    live_space,
-)
+from testkit.scheduler import CORE, MEM, extender_and_scheduler, live_space
 from tests.extender.test_real_scheduler import _wait_placed
 
 pytestmark = pytest.mark.cluster
