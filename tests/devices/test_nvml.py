@@ -59,6 +59,12 @@ def two_gpus(fake_nvml: ModuleType) -> ModuleType:
     return fake_nvml
 
 
+@pytest.fixture
+def backend(two_gpus: ModuleType, clock: FakeClock, tmp_path: Path) -> NvmlBackend:
+    """A started backend over ``two_gpus``."""
+    return make(two_gpus, clock, tmp_path)
+
+
 def health(backend: NvmlBackend) -> dict[str, bool]:
     return {d.uuid: d.healthy for d in backend.devices()}
 
@@ -98,8 +104,7 @@ def test_fake_error_constructor_returns_subclass_like_real(fake_nvml: ModuleType
 # ------------------------------------------------------------------ discovery
 
 
-def test_discovery_fields(two_gpus: ModuleType, clock: FakeClock, tmp_path: Path) -> None:
-    backend = make(two_gpus, clock, tmp_path)
+def test_discovery_fields(backend: NvmlBackend, tmp_path: Path) -> None:
     devs = backend.devices()
     assert [d.uuid for d in devs] == [UUID0, UUID1]
     d0, d1 = devs
@@ -182,10 +187,7 @@ def test_start_backend_honours_fail_on_init_error(
     assert backend.poll_health(0) == []
 
 
-def test_stop_is_idempotent_and_shuts_nvml_down(
-    two_gpus: ModuleType, clock: FakeClock, tmp_path: Path
-) -> None:
-    backend = make(two_gpus, clock, tmp_path)
+def test_stop_is_idempotent_and_shuts_nvml_down(two_gpus: ModuleType, backend: NvmlBackend) -> None:
     assert two_gpus.fake_state().initialized == 1
     backend.stop()
     backend.stop()
@@ -196,10 +198,7 @@ def test_stop_is_idempotent_and_shuts_nvml_down(
 # ------------------------------------------------------------------ health
 
 
-def test_ignored_xid_changes_nothing(
-    two_gpus: ModuleType, clock: FakeClock, tmp_path: Path
-) -> None:
-    backend = make(two_gpus, clock, tmp_path)
+def test_ignored_xid_changes_nothing(two_gpus: ModuleType, backend: NvmlBackend) -> None:
     two_gpus.fake_push_xid(UUID0, 13)
     assert backend.poll_health(1.0) == []
     assert health(backend) == {UUID0: True, UUID1: True}
@@ -207,9 +206,8 @@ def test_ignored_xid_changes_nothing(
 
 
 def test_transient_xid_marks_unhealthy_then_recovers_after_quiet_period(
-    two_gpus: ModuleType, clock: FakeClock, tmp_path: Path
+    two_gpus: ModuleType, clock: FakeClock, backend: NvmlBackend
 ) -> None:
-    backend = make(two_gpus, clock, tmp_path)
     two_gpus.fake_push_xid(UUID0, 32)
     [event] = backend.poll_health(0.1)
     assert (event.uuid, event.healthy, event.reason, event.transient) == (
@@ -231,9 +229,8 @@ def test_transient_xid_marks_unhealthy_then_recovers_after_quiet_period(
 
 
 def test_new_xid_restarts_the_quiet_period(
-    two_gpus: ModuleType, clock: FakeClock, tmp_path: Path
+    two_gpus: ModuleType, clock: FakeClock, backend: NvmlBackend
 ) -> None:
-    backend = make(two_gpus, clock, tmp_path)
     two_gpus.fake_push_xid(UUID0, 32)
     backend.poll_health(0.1)
     clock.advance(QUIET - 10)
@@ -246,9 +243,8 @@ def test_new_xid_restarts_the_quiet_period(
 
 
 def test_no_recovery_while_nvml_still_fails(
-    two_gpus: ModuleType, clock: FakeClock, tmp_path: Path
+    two_gpus: ModuleType, clock: FakeClock, backend: NvmlBackend
 ) -> None:
-    backend = make(two_gpus, clock, tmp_path)
     two_gpus.fake_push_xid(UUID0, 32)
     backend.poll_health(0.1)
     two_gpus.fake_fail(UUID0, two_gpus.NVML_ERROR_UNKNOWN, "nvmlDeviceGetHandleByUUID")
@@ -261,9 +257,8 @@ def test_no_recovery_while_nvml_still_fails(
 
 @pytest.mark.parametrize("xid", [48, 79, 94, 95])
 def test_fatal_xid_never_recovers(
-    two_gpus: ModuleType, clock: FakeClock, tmp_path: Path, xid: int
+    two_gpus: ModuleType, clock: FakeClock, backend: NvmlBackend, xid: int
 ) -> None:
-    backend = make(two_gpus, clock, tmp_path)
     two_gpus.fake_push_xid(UUID1, xid)
     [event] = backend.poll_health(0.1)
     assert (event.uuid, event.healthy, event.reason, event.transient) == (
@@ -278,9 +273,8 @@ def test_fatal_xid_never_recovers(
 
 
 def test_fatal_xid_after_transient_one_upgrades(
-    two_gpus: ModuleType, clock: FakeClock, tmp_path: Path
+    two_gpus: ModuleType, clock: FakeClock, backend: NvmlBackend
 ) -> None:
-    backend = make(two_gpus, clock, tmp_path)
     two_gpus.fake_push_xid(UUID0, 32)
     two_gpus.fake_push_xid(UUID0, 79)
     events = backend.poll_health(0.1)
@@ -289,8 +283,7 @@ def test_fatal_xid_after_transient_one_upgrades(
     assert backend.poll_health(0.1) == []
 
 
-def test_double_bit_ecc_is_fatal(two_gpus: ModuleType, clock: FakeClock, tmp_path: Path) -> None:
-    backend = make(two_gpus, clock, tmp_path)
+def test_double_bit_ecc_is_fatal(two_gpus: ModuleType, backend: NvmlBackend) -> None:
     two_gpus.fake_push_event(UUID0, two_gpus.nvmlEventTypeDoubleBitEccError)
     two_gpus.fake_push_event(UUID1, two_gpus.nvmlEventTypeSingleBitEccError)  # not registered
     [event] = backend.poll_health(0.1)
@@ -298,17 +291,15 @@ def test_double_bit_ecc_is_fatal(two_gpus: ModuleType, clock: FakeClock, tmp_pat
 
 
 def test_event_without_device_marks_every_device(
-    two_gpus: ModuleType, clock: FakeClock, tmp_path: Path
+    two_gpus: ModuleType, backend: NvmlBackend
 ) -> None:
-    backend = make(two_gpus, clock, tmp_path)
     two_gpus.fake_push_xid(None, 61)
     events = backend.poll_health(0.1)
     assert sorted(e.uuid for e in events) == [UUID0, UUID1]
     assert not any(health(backend).values())
 
 
-def test_device_lost(two_gpus: ModuleType, clock: FakeClock, tmp_path: Path) -> None:
-    backend = make(two_gpus, clock, tmp_path)
+def test_device_lost(two_gpus: ModuleType, clock: FakeClock, backend: NvmlBackend) -> None:
     two_gpus.fake_fail(UUID1, two_gpus.NVML_ERROR_GPU_IS_LOST)
     two_gpus.fake_set_wait_error(two_gpus.NVML_ERROR_GPU_IS_LOST)
     [event] = backend.poll_health(0.01)
@@ -325,9 +316,8 @@ def test_device_lost(two_gpus: ModuleType, clock: FakeClock, tmp_path: Path) -> 
 
 
 def test_lost_during_quiet_period_is_not_recovered(
-    two_gpus: ModuleType, clock: FakeClock, tmp_path: Path
+    two_gpus: ModuleType, clock: FakeClock, backend: NvmlBackend
 ) -> None:
-    backend = make(two_gpus, clock, tmp_path)
     two_gpus.fake_push_xid(UUID0, 32)
     backend.poll_health(0.1)
     two_gpus.fake_fail(UUID0, two_gpus.NVML_ERROR_GPU_IS_LOST)

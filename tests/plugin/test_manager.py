@@ -33,6 +33,14 @@ def _finish(stop: threading.Event, thread: threading.Thread) -> None:
     assert not thread.is_alive()
 
 
+@pytest.fixture
+def registered(kubelet: KubeletStub, manager: PluginManager) -> PluginManager:
+    """``manager`` started, its plugin registered once."""
+    manager.start()
+    kubelet.wait_for_registrations(1)
+    return manager
+
+
 def test_registration_fields(kubelet: KubeletStub, manager: PluginManager) -> None:
     manager.start()
     (req,) = kubelet.wait_for_registrations(1)
@@ -144,18 +152,16 @@ def test_registration_stops_when_aborted(sock_dir: Path, handler: FakeHandler) -
 
 
 def test_reregisters_after_kubelet_restart_with_old_server_stopped_first(
-    kubelet: KubeletStub, manager: PluginManager
+    kubelet: KubeletStub, registered: PluginManager
 ) -> None:
-    manager.start()
-    kubelet.wait_for_registrations(1)
-    plugin = manager.plugins[0]
+    plugin = registered.plugins[0]
     old = plugin.server
     assert old is not None
     client = kubelet.plugin(plugin.handler.endpoint).watch()
     client.wait_for_list()
     old_was_stopped: list[bool] = []
     kubelet.on_register = lambda _req: old_was_stopped.append(old.stopped)
-    stop, thread = _run(manager)
+    stop, thread = _run(registered)
     try:
         kubelet.restart()  # deletes our socket too, new kubelet.sock
         regs = kubelet.wait_for_registrations(2)
@@ -170,27 +176,23 @@ def test_reregisters_after_kubelet_restart_with_old_server_stopped_first(
 
 
 def test_kubelet_sock_recreated_without_deleting_ours(
-    kubelet: KubeletStub, manager: PluginManager
+    kubelet: KubeletStub, registered: PluginManager
 ) -> None:
-    manager.start()
-    kubelet.wait_for_registrations(1)
-    stop, thread = _run(manager)
+    stop, thread = _run(registered)
     try:
         kubelet.restart(delete_sockets=False)
         kubelet.wait_for_registrations(2)
-        assert manager.plugins[0].generation == 2
+        assert registered.plugins[0].generation == 2
     finally:
         _finish(stop, thread)
 
 
 def test_reserves_and_reregisters_after_own_socket_deleted(
-    kubelet: KubeletStub, manager: PluginManager
+    kubelet: KubeletStub, registered: PluginManager
 ) -> None:
-    manager.start()
-    kubelet.wait_for_registrations(1)
-    plugin = manager.plugins[0]
+    plugin = registered.plugins[0]
     old = plugin.server
-    stop, thread = _run(manager)
+    stop, thread = _run(registered)
     try:
         plugin.socket_path.unlink()
         kubelet.wait_for_registrations(2)
@@ -202,30 +204,26 @@ def test_reserves_and_reregisters_after_own_socket_deleted(
 
 
 def test_no_spurious_reregistration_when_nothing_changes(
-    kubelet: KubeletStub, manager: PluginManager
+    kubelet: KubeletStub, registered: PluginManager
 ) -> None:
-    manager.start()
-    kubelet.wait_for_registrations(1)
     for _ in range(10):
-        manager.reconcile()
+        registered.reconcile()
     assert len(kubelet.registrations) == 1
-    assert manager.plugins[0].generation == 1
+    assert registered.plugins[0].generation == 1
 
 
 def test_stop_removes_sockets_and_is_idempotent(
-    kubelet: KubeletStub, manager: PluginManager, sock_dir: Path
+    kubelet: KubeletStub, registered: PluginManager, sock_dir: Path
 ) -> None:
-    manager.start()
-    kubelet.wait_for_registrations(1)
     sock = sock_dir / "gpu-share-vcuda-memory.sock"
     assert sock.is_socket()
-    stop, thread = _run(manager)
-    manager.stop()
+    stop, thread = _run(registered)
+    registered.stop()
     thread.join(10)
     assert not thread.is_alive()  # run_until returns after stop()
     assert not sock.exists()
     assert (sock_dir / "kubelet.sock").exists()  # never touch the kubelet's
-    manager.stop()
+    registered.stop()
     stop.set()
 
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from google.protobuf.message import DecodeError
@@ -45,56 +46,60 @@ def fake(sock_dir: Path) -> Iterator[FakePodResources]:
         f.stop()
 
 
-def test_list_converts_all_resources_without_filter(fake: FakePodResources) -> None:
-    fake.set_pods(VIEW)
-    client = PodResourcesClient(fake.socket_path, timeout_s=2)
-    try:
-        assert client.list() == VIEW
-    finally:
+@pytest.fixture
+def connect(fake: FakePodResources) -> Iterator[Callable[..., PodResourcesClient]]:
+    """Clients of ``fake`` (PodResourcesClient's options), closed after the test."""
+    made: list[PodResourcesClient] = []
+
+    def make(**options: Any) -> PodResourcesClient:
+        made.append(PodResourcesClient(fake.socket_path, **options))
+        return made[-1]
+
+    yield make
+    for client in made:
         client.close()
 
 
-def test_list_keeps_only_our_resources_but_every_pod(fake: FakePodResources) -> None:
+def test_list_converts_all_resources_without_filter(
+    fake: FakePodResources, connect: Callable[..., PodResourcesClient]
+) -> None:
     fake.set_pods(VIEW)
-    client = PodResourcesClient(fake.socket_path, resource_names={MEM, CORE})
-    try:
-        view = client.list()
-    finally:
-        client.close()
+    assert connect(timeout_s=2).list() == VIEW
+
+
+def test_list_keeps_only_our_resources_but_every_pod(
+    fake: FakePodResources, connect: Callable[..., PodResourcesClient]
+) -> None:
+    fake.set_pods(VIEW)
+    view = connect(resource_names={MEM, CORE}).list()
     assert [(p.namespace, p.name) for p in view.pods] == [("ns", "p1"), ("other", "p2")]
     init = view.pods[0].containers[0]
     assert dict(init.devices) == {MEM: ("GPU-a-0", "GPU-a-1"), CORE: ("GPU-a-c0",)}
     assert view.pods[0].containers[1] == PodResourcesContainer("app", {})
 
 
-def test_allocatable(fake: FakePodResources) -> None:
+def test_allocatable(fake: FakePodResources, connect: Callable[..., PodResourcesClient]) -> None:
     fake.set_allocatable({MEM: ["m0", "m1"], OTHER: ["f0"]})
-    client = PodResourcesClient(fake.socket_path, resource_names=[MEM])
-    try:
-        assert client.allocatable() == {MEM: ("m0", "m1")}
-    finally:
-        client.close()
+    assert connect(resource_names=[MEM]).allocatable() == {MEM: ("m0", "m1")}
 
 
-def test_get_one_pod_or_none(fake: FakePodResources) -> None:
+def test_get_one_pod_or_none(
+    fake: FakePodResources, connect: Callable[..., PodResourcesClient]
+) -> None:
     fake.set_pods(VIEW)
-    client = PodResourcesClient(fake.socket_path)
-    try:
-        assert client.get("ns", "p1") == VIEW.pods[0]
-        assert client.get("ns", "missing") is None
-    finally:
-        client.close()
+    client = connect()
+    assert client.get("ns", "p1") == VIEW.pods[0]
+    assert client.get("ns", "missing") is None
 
 
-def test_timeout_raises_kube_access_error(fake: FakePodResources) -> None:
+def test_timeout_raises_kube_access_error(
+    fake: FakePodResources, connect: Callable[..., PodResourcesClient]
+) -> None:
     fake.delay_s = 3.0
-    client = PodResourcesClient(fake.socket_path, timeout_s=0.2)
-    try:
-        with pytest.raises(KubeAccessError, match="DEADLINE_EXCEEDED") as info:
-            client.list()
-        assert info.value.reason == "KubeUnreachable"
-    finally:
-        client.close()
+    client = connect(timeout_s=0.2)
+    with pytest.raises(KubeAccessError, match="DEADLINE_EXCEEDED") as info:
+        client.list()
+    assert info.value.reason == "KubeUnreachable"
 
 
 def test_missing_socket_raises_kube_access_error(sock_dir: Path) -> None:
@@ -108,19 +113,18 @@ def test_missing_socket_raises_kube_access_error(sock_dir: Path) -> None:
         client.close()
 
 
-def test_reconnects_after_kubelet_restart(fake: FakePodResources) -> None:
+def test_reconnects_after_kubelet_restart(
+    fake: FakePodResources, connect: Callable[..., PodResourcesClient]
+) -> None:
     fake.set_pods(VIEW)
-    client = PodResourcesClient(fake.socket_path, timeout_s=1)
-    try:
-        assert len(client.list().pods) == 2
-        fake.stop()
-        with pytest.raises(KubeAccessError):
-            client.list()
-        fake.set_pods(PodResourcesView())
-        fake.start()
-        assert client.list() == PodResourcesView()
-    finally:
-        client.close()
+    client = connect(timeout_s=1)
+    assert len(client.list().pods) == 2
+    fake.stop()
+    with pytest.raises(KubeAccessError):
+        client.list()
+    fake.set_pods(PodResourcesView())
+    fake.start()
+    assert client.list() == PodResourcesView()
 
 
 # ---- the List answer's per-pod cache (wire.PodCache) ------------------------------------
