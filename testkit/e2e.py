@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpu_share.sharing.cdi import ENV_CDI_DEVICE_PREFIX
 from testkit.harness import REPO, Kubectl, wait_until
 
 CHART = REPO / "charts" / "gpu-share"
@@ -33,6 +34,7 @@ CORE = "vendor.com/vcuda-core"
 ASSIGNMENT = "gpu-share.vendor.com/assignment"
 INVENTORY = "gpu-share.vendor.com/inventory"
 BUSYBOX = "localhost/busybox:local"
+NODE_PREFIX = "dummy-npu"  # the dummy backend's device nodes: dummy-npu<index>, dummy-npuctl
 # values-examples/local-cluster.yaml: 4 dummy devices of 16 GiB, 1 GiB units.
 DEVICES = 4
 UNITS_PER_DEVICE = 16
@@ -221,6 +223,25 @@ class Kube(Kubectl):
                     kv.split("=", 1) for kv in line[len(SEEN_PREFIX) :].split() if "=" in kv
                 )
         return {}
+
+    def assert_sees_one_device(
+        self, ns: str, pod_name: str, device: tuple[int, str], memory_mib: int, cores: int
+    ) -> None:
+        """Container ``main`` of the pod sees its slice of ``device`` (index, uuid) only: the
+        device visible and named in the ids, the slice's limits, a CDI env naming that device
+        and nothing of the others, and that device's node (and the control node) in /dev."""
+        index, uuid = device
+        out = self.kubectl("-n", ns, "exec", pod_name, "-c", "main", "--", "env").stdout
+        env = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+        assert env.get("DUMMY_VISIBLE_DEVICES") == uuid, env
+        assert env.get("GPU_SHARE_DEVICE_IDS") == uuid, env
+        assert env.get("GPU_SHARE_MEMORY_LIMIT_MIB") == str(memory_mib), env
+        assert env.get("GPU_SHARE_CORE_PERCENT") == str(cores), env
+        cdi_env = {k: v for k, v in env.items() if k.startswith(ENV_CDI_DEVICE_PREFIX)}
+        assert cdi_env == {f"{ENV_CDI_DEVICE_PREFIX}{index}": uuid}, env
+        dev = self.kubectl("-n", ns, "exec", pod_name, "-c", "main", "--", "ls", "/dev").stdout
+        nodes = {d for d in dev.split() if d.startswith(NODE_PREFIX)}
+        assert nodes == {f"{NODE_PREFIX}{index}", f"{NODE_PREFIX}ctl"}, dev
 
     def wait_pods_settled(self, ns: str, timeout: float) -> list[dict[str, Any]]:
         """Until no pod is Pending (Running, Succeeded or Failed each); returns them."""

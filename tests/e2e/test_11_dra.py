@@ -40,7 +40,6 @@ from typing import Any
 import pytest
 
 from gpu_share.devices.dummy import dummy_uuid
-from gpu_share.sharing.cdi import ENV_CDI_DEVICE_PREFIX
 from gpu_share.sharing.dra.cdi import claim_spec_file_name
 from gpu_share.sharing.dra.claim_translation import (
     REQUEST_NAME,
@@ -226,6 +225,18 @@ def _pod_claims(kube: Kube, ns: str, name: str) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _run_one_claim(dra: DraPool, ns: str, name: str, shape: ClaimShape) -> Alloc:
+    """Pod ``name``, its container holding one claim of ``shape``, Ready: the claim's one
+    allocation (its uid recorded: its CDI spec must be gone at the end)."""
+    _apply_templates(dra.kube, ns, [shape])
+    dra.kube.apply(_claim_pod(name, ns, [("main", shape)]))
+    dra.kube.wait_ready(ns)
+    (claim,) = _pod_claims(dra.kube, ns, name).values()
+    (a,) = _allocs(claim)
+    dra.claim_uids.add(a.uid)
+    return a
+
+
 def _node_allocs(kube: Kube) -> list[Alloc]:
     """Every allocated share of our driver on this node, from the claims' status."""
     return [
@@ -342,18 +353,8 @@ def test_story11b_one_claim_pod_sees_exactly_its_slice(dra: DraPool, namespace: 
     index = int(a.device.removeprefix("gpu-"))
     uuid = _uuid(kube, a.device)
 
-    out = kube.kubectl("-n", namespace, "exec", "slice", "-c", "main", "--", "env").stdout
-    env = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-    assert env.get("DUMMY_VISIBLE_DEVICES") == uuid, env
-    assert env.get("GPU_SHARE_DEVICE_IDS") == uuid, env
-    assert env.get("GPU_SHARE_MEMORY_LIMIT_MIB") == str(4 * UNIT_MIB), env
-    assert env.get("GPU_SHARE_CORE_PERCENT") == "30", env
     # The claim's CDI device names its device, nothing of the others.
-    cdi_env = {k: v for k, v in env.items() if k.startswith(ENV_CDI_DEVICE_PREFIX)}
-    assert cdi_env == {f"{ENV_CDI_DEVICE_PREFIX}{index}": uuid}, env
-    dev = kube.kubectl("-n", namespace, "exec", "slice", "-c", "main", "--", "ls", "/dev")
-    nodes = {d for d in dev.stdout.split() if d.startswith(NODE_PREFIX)}
-    assert nodes == {f"{NODE_PREFIX}{index}", f"{NODE_PREFIX}ctl"}, dev.stdout
+    kube.assert_sees_one_device(namespace, "slice", (index, uuid), 4 * UNIT_MIB, 30)
 
     # The agent prepared it: the per-claim spec and the checkpoint entry.
     spec = json.loads(_spec_path(a.uid).read_text())
@@ -653,13 +654,7 @@ def test_story11f_switched_back_with_a_claim_pod_running(
     assert not (left := _specs_left(before)), f"CDI specs of {len(left)} claims left: {left}"
     assert not set(_checkpoint(kube)) & before, _checkpoint(kube)
 
-    shape = ClaimShape(4, 30)
-    _apply_templates(kube, namespace, [shape])
-    kube.apply(_claim_pod("holder", namespace, [("main", shape)]))
-    kube.wait_ready(namespace)
-    (claim,) = _pod_claims(kube, namespace, "holder").values()
-    (a,) = _allocs(claim)
-    dra.claim_uids.add(a.uid)
+    a = _run_one_claim(dra, namespace, "holder", ClaimShape(4, 30))
     dra.restore(serving=False)
 
     held = {MEM: (DEVICES - 1) * UNITS_PER_DEVICE, CORE: (DEVICES - 1) * 100}

@@ -30,7 +30,6 @@ from typing import Any
 import pytest
 
 from gpu_share.devices.dummy import dummy_uuid
-from gpu_share.sharing.cdi import ENV_CDI_DEVICE_PREFIX
 from gpu_share.sharing.dra.claim_translation import MANAGED_BY, ClaimShape, claim_name
 from gpu_share.sharing.quantity import MIB, parse_quantity
 from testkit.e2e import AGENT_NS, CORE, MEM, RELEASE, Kube, container, dra_values, pod
@@ -45,7 +44,6 @@ PORT = 8443
 WEBHOOK = f"{RELEASE}-webhook"  # the chart's full name is the release name ("gpu-share")
 TLS_SECRET = f"{WEBHOOK}-tls"
 MWC = f"{WEBHOOK}-{AGENT_NS}"
-NODE_PREFIX = "dummy-npu"
 
 
 def _say(msg: str) -> None:
@@ -195,19 +193,7 @@ def test_story12b_labelled_namespace_pod_is_translated_and_runs(
     index = int(res["device"].removeprefix("gpu-"))
     uuid = dummy_uuid("NPU", kube.node, index)
 
-    out = kube.kubectl("-n", ns, "exec", "plain", "-c", "main", "--", "env").stdout
-    env = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-    assert env.get("GPU_SHARE_DEVICE_IDS") == uuid, env
-    assert env.get("DUMMY_VISIBLE_DEVICES") == uuid, env
-    assert env.get("GPU_SHARE_MEMORY_LIMIT_MIB") == str(4 * UNIT_MIB), env
-    assert env.get("GPU_SHARE_CORE_PERCENT") == "30", env
-    cdi_env = {k: v for k, v in env.items() if k.startswith(ENV_CDI_DEVICE_PREFIX)}
-    assert cdi_env == {f"{ENV_CDI_DEVICE_PREFIX}{index}": uuid}, env
-    dev = kube.kubectl("-n", ns, "exec", "plain", "-c", "main", "--", "ls", "/dev").stdout
-    assert {d for d in dev.split() if d.startswith(NODE_PREFIX)} == {
-        f"{NODE_PREFIX}{index}",
-        f"{NODE_PREFIX}ctl",
-    }, dev
+    kube.assert_sees_one_device(ns, "plain", (index, uuid), 4 * UNIT_MIB, 30)
     _say(f"plain pod translated, on {res['device']}: {consumed}")
 
     # A server-side dry run is translated too, without creating its template.

@@ -31,10 +31,7 @@ from testkit.e2e import (
 from testkit.harness import wait_until
 from tests.e2e.test_11_dra import (  # the DRA pool of story 11, its helpers
     DraPool,
-    _allocs,
-    _apply_templates,
-    _claim_pod,
-    _pod_claims,
+    _run_one_claim,
     _slices,
     _spec_path,
     dra,  # noqa: F401 - story 11's pool fixture
@@ -197,13 +194,7 @@ def test_story14b_dra_cordon_is_a_device_taint(
     wait_until("three devices tainted",
                lambda: sum(1 for d in _slice_devices(kube).values() if d.get("taints")) == 3,
                60)
-    shape = ClaimShape(4, 30)
-    _apply_templates(kube, namespace, [shape])
-    kube.apply(_claim_pod("tainted", namespace, [("main", shape)]))
-    kube.wait_ready(namespace)
-    (claim,) = _pod_claims(kube, namespace, "tainted").values()
-    (a,) = _allocs(claim)
-    dra.claim_uids.add(a.uid)
+    a = _run_one_claim(dra, namespace, "tainted", ClaimShape(4, 30))
     assert a.device == "gpu-3", a
     for i in range(3):
         _plugin(kube, "uncordon", kube.node, f"gpu-{i}", "--wait")
