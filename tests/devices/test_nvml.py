@@ -65,6 +65,12 @@ def backend(two_gpus: ModuleType, clock: FakeClock, tmp_path: Path) -> NvmlBacke
     return make(two_gpus, clock, tmp_path)
 
 
+def only_event(backend: NvmlBackend, timeout_s: float) -> tuple[str | None, bool, str, bool]:
+    """The one health event a poll yields: (uuid, healthy, reason, transient)."""
+    [event] = backend.poll_health(timeout_s)
+    return (event.uuid, event.healthy, event.reason, event.transient)
+
+
 def health(backend: NvmlBackend) -> dict[str, bool]:
     return {d.uuid: d.healthy for d in backend.devices()}
 
@@ -209,13 +215,7 @@ def test_transient_xid_marks_unhealthy_then_recovers_after_quiet_period(
     two_gpus: ModuleType, clock: FakeClock, backend: NvmlBackend
 ) -> None:
     two_gpus.fake_push_xid(UUID0, 32)
-    [event] = backend.poll_health(0.1)
-    assert (event.uuid, event.healthy, event.reason, event.transient) == (
-        UUID0,
-        False,
-        "xid-32",
-        True,
-    )
+    assert only_event(backend, 0.1) == (UUID0, False, "xid-32", True)
     assert health(backend) == {UUID0: False, UUID1: True}
 
     clock.advance(QUIET - 1)
@@ -260,13 +260,7 @@ def test_fatal_xid_never_recovers(
     two_gpus: ModuleType, clock: FakeClock, backend: NvmlBackend, xid: int
 ) -> None:
     two_gpus.fake_push_xid(UUID1, xid)
-    [event] = backend.poll_health(0.1)
-    assert (event.uuid, event.healthy, event.reason, event.transient) == (
-        UUID1,
-        False,
-        f"xid-{xid}",
-        False,
-    )
+    assert only_event(backend, 0.1) == (UUID1, False, f"xid-{xid}", False)
     clock.advance(QUIET * 10)
     assert backend.poll_health(0.1) == []
     assert health(backend)[UUID1] is False
@@ -302,13 +296,7 @@ def test_event_without_device_marks_every_device(
 def test_device_lost(two_gpus: ModuleType, clock: FakeClock, backend: NvmlBackend) -> None:
     two_gpus.fake_fail(UUID1, two_gpus.NVML_ERROR_GPU_IS_LOST)
     two_gpus.fake_set_wait_error(two_gpus.NVML_ERROR_GPU_IS_LOST)
-    [event] = backend.poll_health(0.01)
-    assert (event.uuid, event.healthy, event.reason, event.transient) == (
-        UUID1,
-        False,
-        "device-lost",
-        False,
-    )
+    assert only_event(backend, 0.01) == (UUID1, False, "device-lost", False)
     clock.advance(QUIET * 10)
     two_gpus.fake_set_wait_error(None)
     assert backend.poll_health(0.01) == []
