@@ -166,20 +166,16 @@ tar_image_id() {
   tar -xOf "$1" manifest.json | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["Config"].split("/")[-1].removesuffix(".json"))'
 }
 
+# image_held TAR TARGET : whether containerd's content TARGET names the image ID of TAR.
+image_held() {
+  local want
+  want="sha256:$(tar_image_id "$1")"
+  [[ -n "$2" ]] && "${CONTAINERD_BIN_DIR}/ctr" --address "${CONTAINERD_ADDRESS}" -n k8s.io content get "$2" 2>/dev/null |
+    grep -q "${want}"
+}
+
 import_image() {
-  local tar="$1"
-  cluster_up_for_import || return 0
-  eval "$(bash "${HACK_DIR}/local-up-cluster.sh" env)"
-  local want have
-  want="sha256:$(tar_image_id "${tar}")"
-  have="$(cluster_image_target "${IMAGE}")"
-  if [[ -n "${have}" ]] && "${CONTAINERD_BIN_DIR}/ctr" --address "${CONTAINERD_ADDRESS}" -n k8s.io content get "${have}" 2>/dev/null |
-    grep -q "${want}"; then
-    log "containerd already holds ${IMAGE} (${want:0:19})"
-    return 0
-  fi
-  log "importing ${IMAGE} into the cluster's containerd"
-  bash "${HACK_DIR}/local-up-cluster.sh" import-image "${tar}"
+  import_unless_held "${IMAGE}" "$1" image_held
 }
 
 main() {

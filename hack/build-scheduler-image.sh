@@ -65,19 +65,13 @@ tar_manifest_digest() {
   tar -xOf "$1" index.json | python3 -c 'import json,sys; print(json.load(sys.stdin)["manifests"][0]["digest"])'
 }
 
+# image_held TAR TARGET : whether TARGET is the manifest digest of TAR.
+image_held() {
+  [[ "$2" == "$(tar_manifest_digest "$1")" ]]
+}
+
 import_image() {
-  local tar="$1"
-  cluster_up_for_import || return 0
-  eval "$(bash "${HACK_DIR}/local-up-cluster.sh" env)"
-  local want have
-  want="$(tar_manifest_digest "${tar}")"
-  have="$(cluster_image_target "${IMAGE}")"
-  if [[ "${have}" == "${want}" ]]; then
-    log "containerd already holds ${IMAGE} (${want:0:19})"
-    return 0
-  fi
-  log "importing ${IMAGE} into the cluster's containerd"
-  bash "${HACK_DIR}/local-up-cluster.sh" import-image "${tar}"
+  import_unless_held "${IMAGE}" "$1" image_held
 }
 
 main() {

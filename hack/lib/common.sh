@@ -88,6 +88,23 @@ cluster_image_target() {
     awk 'NR > 1 {print $3}' | head -1
 }
 
+# import_unless_held IMAGE TAR HELD : imports the image tar TAR into the local cluster's
+# containerd as IMAGE (HACK_DIR: the caller's hack/), unless the cluster is not up or
+# `HELD TAR TARGET` succeeds: TARGET is the digest under which containerd lists IMAGE now
+# (empty when none), HELD says whether that is TAR's image (the cluster's env is loaded).
+import_unless_held() {
+  local image="$1" tar="$2" held="$3" have
+  cluster_up_for_import || return 0
+  eval "$(bash "${HACK_DIR}/local-up-cluster.sh" env)"
+  have="$(cluster_image_target "${image}")"
+  if "${held}" "${tar}" "${have}"; then
+    log "containerd already holds ${image} (${have:0:19})"
+    return 0
+  fi
+  log "importing ${image} into the cluster's containerd"
+  bash "${HACK_DIR}/local-up-cluster.sh" import-image "${tar}"
+}
+
 # render TEMPLATE : prints TEMPLATE with every ${NAME} replaced by the value of the shell
 # variable NAME (caller's locals included); an unset NAME is an error. Nothing else in
 # the template is interpreted.
