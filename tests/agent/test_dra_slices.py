@@ -18,7 +18,7 @@ from gpu_share.devices.dummy import DummyBackend, write_faults
 from gpu_share.errors import KubeAccessError
 from gpu_share.observability.loops import Backoff, LoopSupervisor
 from gpu_share.observability.metrics import Metrics
-from gpu_share.sharing.dra.slices import SliceContent
+from gpu_share.sharing.dra.slices import SliceContent, slice_content
 from gpu_share.sharing.inventory import Inventory
 from testkit.harness.wait import poll
 from tests.agent.served_agent import agent_config
@@ -71,8 +71,11 @@ def inventory(*unhealthy: int) -> Inventory:
 
 
 def loop_over(holder: list[Inventory], sink: Sink, **kw: Any) -> DraSliceLoop:
-    return DraSliceLoop(sink, lambda: holder[0], node_name="node-a", driver=DRIVER,
-                        driver_version="550", **kw)
+    return DraSliceLoop(sink, lambda: content_of(holder[0], "node-a", "550"), **kw)
+
+
+def content_of(inv: Inventory, node: str, driver_version: str) -> SliceContent:
+    return slice_content(inv, node_name=node, driver=DRIVER, driver_version=driver_version)
 
 
 def test_publishes_on_change_and_on_resync_only() -> None:
@@ -177,8 +180,8 @@ def test_follows_a_real_agents_health(workdir: Path) -> None:
     agent.start()
     sink = Sink()
     loop = DraSliceLoop(
-        sink, lambda: agent._engine().inventory, node_name=cfg.node_name, driver=DRIVER,
-        driver_version="dummy", wait_for_change=agent.feed.wait_for_change,
+        sink, lambda: content_of(agent._engine().inventory, cfg.node_name, "dummy"),
+        wait_for_change=agent.feed.wait_for_change,
     )
     loop.start(agent.loops)
     try:

@@ -22,6 +22,7 @@ from gpu_share.kube.resourceslices import ResourceSlicePublisher
 from gpu_share.kube.rest import make_rest_client
 from gpu_share.observability.loops import LoopSupervisor
 from gpu_share.observability.metrics import Metrics
+from gpu_share.sharing.dra.slices import slice_content
 from gpu_share.sharing.inventory import Inventory
 
 log = logging.getLogger("gpu_share.dra_mode")
@@ -64,12 +65,11 @@ class DraFrontEnd:
         def kube_error(op: str) -> None:
             metrics.kube_errors_total.labels(op=op).inc()
 
+        version = backend.driver_version()
         self.slices = DraSliceLoop(
             ResourceSlicePublisher(api, node_name=cfg.node_name, driver=driver),
-            self._inventory,
-            node_name=cfg.node_name,
-            driver=driver,
-            driver_version=backend.driver_version(),
+            lambda: slice_content(self._inventory(), node_name=cfg.node_name, driver=driver,
+                                  driver_version=version),
             wait_for_change=agent.feed.wait_for_change,
             on_error=kube_error,
         )

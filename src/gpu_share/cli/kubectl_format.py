@@ -12,6 +12,7 @@ import yaml
 
 from gpu_share.cli.kubectl_fit import FitResult
 from gpu_share.cli.kubectl_view import DeviceRow, NodeRow, SliceRow
+from gpu_share.sharing.model import camel_fields
 
 BAR_WIDTH = 10
 
@@ -57,6 +58,20 @@ def block(free: tuple[int, int] | None, unit_mib: int) -> str:
     return f"{mib(free[0] * unit_mib)}/{free[1]}%"
 
 
+_MIN, _HOUR, _DAY = 60, 3600, 86400
+# (shown while the age is below, unit, its letter, the smaller unit shown too or 0, its
+# letter): kubectl's HumanDuration steps.
+_AGE_STEPS = (
+    (120, 1, "s", 0, ""),
+    (10 * _MIN, _MIN, "m", 1, "s"),
+    (180 * _MIN, _MIN, "m", 0, ""),
+    (8 * _HOUR, _HOUR, "h", _MIN, "m"),
+    (48 * _HOUR, _HOUR, "h", 0, ""),
+    (8 * _DAY, _DAY, "d", _HOUR, "h"),
+    (730 * _DAY, _DAY, "d", 0, ""),
+)
+
+
 def age(created: str, now: datetime) -> str:
     """kubectl's short age: 45s, 5m12s, 95m, 3h20m, 30h, 4d6h, 120d, 2y."""
     try:
@@ -64,22 +79,12 @@ def age(created: str, now: datetime) -> str:
     except ValueError:
         return "<unknown>"
     s = max(0, int((now - then).total_seconds()))
-    m, h, d = s // 60, s // 3600, s // 86400
-    if s < 120:
-        return f"{s}s"
-    if m < 10:
-        return f"{m}m{s % 60}s" if s % 60 else f"{m}m"
-    if m < 180:
-        return f"{m}m"
-    if h < 8:
-        return f"{h}h{m % 60}m" if m % 60 else f"{h}h"
-    if h < 48:
-        return f"{h}h"
-    if d < 8:
-        return f"{d}d{h % 24}h" if h % 24 else f"{d}d"
-    if d < 730:
-        return f"{d}d"
-    return f"{d // 365}y"
+    for below, unit, name, part, part_name in _AGE_STEPS:
+        if s < below:
+            whole, rest = divmod(s, unit)
+            rest = rest // part if part else 0
+            return f"{whole}{name}{rest}{part_name}" if rest else f"{whole}{name}"
+    return f"{s // (365 * _DAY)}y"
 
 
 def document(doc: Any, output: str) -> str:
@@ -129,11 +134,7 @@ def nodes_table(rows: Sequence[NodeRow], wide: bool = False) -> str:
 
 def _device_doc(d: DeviceRow) -> dict[str, Any]:
     return {
-        "index": d.index,
-        "id": d.id,
-        "model": d.model,
-        "healthy": d.healthy,
-        "cordoned": d.cordoned,
+        **camel_fields(d, "index", "id", "model", "healthy", "cordoned"),
         "cordon": (None if d.cordon is None else
                    {"by": d.cordon.by, "reason": d.cordon.reason, "at": d.cordon.at or None}),
         "numa": d.numa,

@@ -85,6 +85,10 @@ def ranked(names: list[str], fits: Mapping[str, Score]) -> list[HostPriority]:
     return [{"Host": n, "Score": get(n, 0)} for n in names]
 
 
+def _no_hook(_outcome: str) -> None:
+    pass
+
+
 class Extender:
     def __init__(
         self,
@@ -97,7 +101,7 @@ class Extender:
     ) -> None:
         """``on_bind(outcome)``: called once per bind (``BIND_*``; a metric hook)."""
         self.settings = settings
-        self._on_bind = on_bind
+        self._on_bind = on_bind or _no_hook
         self.view = view
         self.binder = binder
         self._policy_factory = policy_factory
@@ -251,8 +255,7 @@ class Extender:
 
     def bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:
         outcome, result = self._bind(args)
-        if self._on_bind is not None:
-            self._on_bind(outcome)
+        self._on_bind(outcome)
         return result
 
     def _bind(self, args: ExtenderBindingArgs) -> tuple[str, ExtenderBindingResult]:

@@ -39,6 +39,38 @@ class _Sent:
     first_seen: float  # monotonic
 
 
+class _Recent:
+    """Events created within ``window_s``, by (object, reason, message, type), oldest
+    first; at most ``limit`` of them."""
+
+    def __init__(self, window_s: float, limit: int, clock: Callable[[], float]) -> None:
+        self._window = window_s
+        self._limit = limit
+        self._clock = clock
+        self._sent: OrderedDict[tuple[str, ...], _Sent] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._sent)
+
+    def get(self, key: tuple[str, ...]) -> _Sent | None:
+        # Entries are in creation order, so expired ones are at the front.
+        now = self._clock()
+        while self._sent:
+            first = next(iter(self._sent.values()))
+            if now - first.first_seen < self._window:
+                break
+            self._sent.popitem(last=False)
+        return self._sent.get(key)
+
+    def forget(self, key: tuple[str, ...]) -> None:
+        self._sent.pop(key, None)
+
+    def add(self, key: tuple[str, ...], name: str, namespace: str) -> None:
+        self._sent[key] = _Sent(name, namespace, 1, self._clock())
+        while len(self._sent) > self._limit:
+            self._sent.popitem(last=False)
+
+
 def _rfc3339(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -69,13 +101,10 @@ class KubePublisher:
         self._api = api if timeouts is None else replace(api, timeouts=timeouts)
         self._host = host_node
         self._component = component
-        self._window = event_window_s
-        self._max_tracked = max_tracked_events
-        self._clock = clock
         self._wall = wall_clock
         self._on_error = on_error
         self._lock = threading.Lock()
-        self._sent: OrderedDict[tuple[str, ...], _Sent] = OrderedDict()
+        self._sent = _Recent(event_window_s, max_tracked_events, clock)
         self.failures: Counter[str] = Counter()  # op kind -> failed calls
 
     # -- annotations
@@ -160,9 +189,7 @@ class KubePublisher:
         etype = "Warning" if warning else "Normal"
         message = message[:1024]  # the API server rejects very long messages
         key = (ref["kind"], ref.get("namespace", ""), ref["name"], reason, message, etype)
-        now = self._clock()
         with self._lock:
-            self._expire(now)
             sent = self._sent.get(key)
             if sent is not None:
                 sent.count += 1
@@ -178,7 +205,7 @@ class KubePublisher:
                 ):
                     return
                 # Gone (expired or deleted) or failed: start a fresh Event.
-                del self._sent[key]
+                self._sent.forget(key)
             if uid_lookup is not None:
                 ns, name, uid = uid_lookup
                 uid = uid or self._pod_uid(ns, name)
@@ -206,17 +233,7 @@ class KubePublisher:
                 f"/api/v1/namespaces/{quote_name(namespace)}/events",
                 body,
             ):
-                self._sent[key] = _Sent(ev_name, namespace, 1, now)
-                while len(self._sent) > self._max_tracked:
-                    self._sent.popitem(last=False)
-
-    def _expire(self, now: float) -> None:
-        # Entries are in creation order, so expired ones are at the front.
-        while self._sent:
-            first = next(iter(self._sent.values()))
-            if now - first.first_seen < self._window:
-                break
-            self._sent.popitem(last=False)
+                self._sent.add(key, ev_name, namespace)
 
     def _pod_uid(self, namespace: str, name: str) -> str:
         try:

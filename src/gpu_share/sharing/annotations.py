@@ -35,7 +35,7 @@ from pydantic import Field
 
 from gpu_share.errors import GpuShareError
 from gpu_share.sharing.decision import mac, sig_matches
-from gpu_share.sharing.model import DeviceShare
+from gpu_share.sharing.model import DeviceShare, camel_fields
 from gpu_share.sharing.untrusted import MAX_ITEMS, Count, Document, Name, read_value
 
 ANNOTATION_VERSION = "v1"
@@ -261,12 +261,7 @@ def _signed_bytes(doc: Mapping[str, Any]) -> bytes:
 
 
 def _share_dict(s: DeviceShare) -> dict[str, Any]:
-    return {
-        "id": s.device,
-        "memoryUnits": s.memory_units,
-        "cores": s.cores,
-        "exclusive": s.exclusive,
-    }
+    return {"id": s.device, **camel_fields(s, "memory_units", "cores", "exclusive")}
 
 
 def _load(text: str, what: str) -> dict[str, Any]:

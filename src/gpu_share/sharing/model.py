@@ -234,3 +234,14 @@ class AdvertisedDevice:
     id: str
     healthy: bool
     numa_node: int | None = None
+
+
+def camel_fields(obj: object, *names: str) -> dict[str, Any]:
+    """The named attributes of ``obj`` under their camelCase names, as the JSON
+    documents we write (annotations, the ledger, kubectl output) spell them."""
+    return {_camel(n): getattr(obj, n) for n in names}
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(w.capitalize() for w in rest)

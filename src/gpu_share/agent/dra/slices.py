@@ -26,8 +26,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from gpu_share.observability.loops import LoopSupervisor
-from gpu_share.sharing.dra.slices import SliceContent, slice_content
-from gpu_share.sharing.inventory import Inventory
+from gpu_share.sharing.dra.slices import SliceContent
 
 log = logging.getLogger(__name__)
 
@@ -59,29 +58,23 @@ class SliceSink(Protocol):
 class DraSliceLoop:
     """Publishes the slice from a supervised thread; see the module docstring.
 
-    ``inventory``: the agent's current device table; ``wait_for_change(seen, timeout)``:
-    blocks until the inventory's version differs from ``seen`` (``ChangeFeed``) and
-    returns the new one.
+    ``content()``: the slice the node's current device table makes (``slice_content``);
+    ``wait_for_change(seen, timeout)``: blocks until the inventory's version differs
+    from ``seen`` (``ChangeFeed``) and returns the new one.
     """
 
     def __init__(
         self,
         sink: SliceSink,
-        inventory: Callable[[], Inventory],
+        content: Callable[[], SliceContent],
         *,
-        node_name: str,
-        driver: str,
-        driver_version: str,
         wait_for_change: Callable[[int, float], int] | None = None,
         resync_s: float = RESYNC_S,
         on_error: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._sink = sink
-        self._inventory = inventory
-        self._node = node_name
-        self._driver = driver
-        self._driver_version = driver_version
+        self._content = content
         self._wait = wait_for_change
         self._resync_s = resync_s
         self._on_error = on_error
@@ -141,10 +134,7 @@ class DraSliceLoop:
         """Publish if due, then wait (bounded) for a change. Raises when publishing
         failed (the supervisor logs, counts and pauses)."""
         version = self._seen
-        content = slice_content(
-            self._inventory(), node_name=self._node, driver=self._driver,
-            driver_version=self._driver_version,
-        )
+        content = self._content()
         now = self._clock()
         with self._rechecks_lock:
             recheck = bool(self._rechecks) and self._rechecks[0] <= now

@@ -20,6 +20,7 @@ from gpu_share.sharing.model import (
     ContainerRequest,
     DeviceShare,
     ResourceKind,
+    camel_fields,
 )
 from gpu_share.sharing.node.ledger_entry import (
     LEDGER_VERSION,
@@ -67,12 +68,7 @@ def _absent_to_list(absent: Mapping[PodKey, float]) -> list[dict[str, Any]]:
 
 
 def _ref_to_dict(r: ContainerRef) -> dict[str, str]:
-    return {
-        "namespace": r.namespace,
-        "podName": r.pod_name,
-        "containerName": r.container_name,
-        "podUid": r.pod_uid,
-    }
+    return camel_fields(r, "namespace", "pod_name", "container_name", "pod_uid")
 
 
 def _entry_to_dict(e: LedgerEntry) -> dict[str, Any]:
