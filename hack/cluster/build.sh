@@ -39,37 +39,39 @@ go_env() {
   command -v go >/dev/null || die "go not found in PATH"
 }
 
-# built_already DIR WHAT : true, saying so, when DIR holds a stamped build of WHAT.
-built_already() {
-  [[ -f "$1/.stamp" ]] || return 1
-  log "$2 already built in $1"
-}
-
-# prepare_build DIR : Go's environment and an empty DIR/bin.tmp to build into.
-prepare_build() {
+# start_build DIR WHAT : false, saying so, when DIR holds a stamped build of WHAT; else
+# Go's environment and an empty DIR/bin.tmp to build into.
+start_build() {
+  if [[ -f "$1/.stamp" ]]; then
+    log "$2 already built in $1"
+    return 1
+  fi
   go_env
-  mkdir -p "$1"
   rm -rf "$1/bin.tmp"
-  mkdir -p "$1/bin.tmp"
+  mkdir -p "$1/bin.tmp" || die "cannot create $1/bin.tmp"
 }
 
-# finish_build DIR WHAT START : DIR/bin.tmp becomes DIR/bin, stamped with the seconds
-# since START ($SECONDS when the build began).
-finish_build() {
-  rm -rf "${1:?}/bin"
-  mv "$1/bin.tmp" "$1/bin"
-  echo "built $(date -u +%FT%TZ) in $(( SECONDS - $3 ))s" >"$1/.stamp"
-  log "$2 binaries in $1/bin: $(find "$1/bin" -maxdepth 1 -type f -printf '%f ')"
+# go_build NAME VERSION DIR SRC LDFLAGS PKG... : `go build` of PKG... in the module SRC
+# into DIR/bin.tmp (its output in DIR/build.log, a progress line now and then); then
+# DIR/bin.tmp becomes DIR/bin, stamped with the seconds the build took.
+go_build() {
+  local name="$1" version="$2" dir="$3" src="$4" ld="$5" start=$SECONDS
+  shift 5
+  # shellcheck disable=SC2016 # the inner script expands its own positional parameters
+  run_with_progress "building ${name} ${version}" "${dir}/build.log" \
+    bash -c 'cd "$0" && exec go build -v -trimpath -ldflags="$1" -o "$2" "${@:3}"' \
+    "${src}" "${ld}" "${dir}/bin.tmp/" "$@"
+  rm -rf "${dir:?}/bin"
+  mv "${dir}/bin.tmp" "${dir}/bin"
+  echo "built $(date -u +%FT%TZ) in $(( SECONDS - start ))s" >"${dir}/.stamp"
+  log "${name} binaries in ${dir}/bin: $(find "${dir}/bin" -maxdepth 1 -type f -printf '%f ')"
 }
 
 # The Kubernetes build takes tens of minutes on 2 cores: a progress line a minute.
 PROGRESS_EVERY=60
 build_k8s() {
   local dir; dir="$(k8s_dir)"
-  if built_already "${dir}" "Kubernetes ${K8S_VERSION}"; then
-    return 0
-  fi
-  prepare_build "${dir}"
+  start_build "${dir}" "Kubernetes ${K8S_VERSION}" || return 0
   local minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
   local ld="-s -w"
   local p
@@ -79,33 +81,20 @@ build_k8s() {
     ld+=" -X ${p}.gitTreeState=clean"
     ld+=" -X ${p}.buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
   done
-  local start=$SECONDS
-  # shellcheck disable=SC2016 # the inner script expands its own positional parameters
-  run_with_progress "building Kubernetes ${K8S_VERSION}" "${dir}/build.log" \
-    bash -c 'cd "$0" && exec go build -v -trimpath -ldflags="$1" -o "$2" \
-      k8s.io/kubernetes/cmd/kube-apiserver \
-      k8s.io/kubernetes/cmd/kube-controller-manager \
-      k8s.io/kubernetes/cmd/kube-scheduler \
-      k8s.io/kubernetes/cmd/kubelet \
-      k8s.io/kubernetes/cmd/kubectl \
-      k8s.io/kubernetes/test/images/sample-device-plugin' \
-    "${HACK_DIR}/k8s" "${ld}" "${dir}/bin.tmp/"
-  finish_build "${dir}" Kubernetes "${start}"
+  go_build Kubernetes "${K8S_VERSION}" "${dir}" "${HACK_DIR}/k8s" "${ld}" \
+    k8s.io/kubernetes/cmd/kube-apiserver \
+    k8s.io/kubernetes/cmd/kube-controller-manager \
+    k8s.io/kubernetes/cmd/kube-scheduler \
+    k8s.io/kubernetes/cmd/kubelet \
+    k8s.io/kubernetes/cmd/kubectl \
+    k8s.io/kubernetes/test/images/sample-device-plugin
 }
 
 build_etcd() {
   local dir; dir="$(etcd_dir)"
-  if built_already "${dir}" "etcd ${ETCD_VERSION}"; then
-    return 0
-  fi
-  prepare_build "${dir}"
-  local start=$SECONDS
-  # shellcheck disable=SC2016 # the inner script expands its own positional parameters
-  run_with_progress "building etcd ${ETCD_VERSION}" "${dir}/build.log" \
-    bash -c 'cd "$0" && exec go build -v -trimpath -ldflags="-s -w" -o "$1" \
-      . go.etcd.io/etcd/etcdctl/v3' \
-    "${HACK_DIR}/etcd" "${dir}/bin.tmp/"
-  finish_build "${dir}" etcd "${start}"
+  start_build "${dir}" "etcd ${ETCD_VERSION}" || return 0
+  go_build etcd "${ETCD_VERSION}" "${dir}" "${HACK_DIR}/etcd" "-s -w" \
+    . go.etcd.io/etcd/etcdctl/v3
 }
 
 # Built inside the published module itself (downloaded into the module cache), so its
@@ -115,21 +104,13 @@ build_etcd() {
 # containerd's own static shim build does.
 build_containerd() {
   local dir; dir="$(containerd_dir)"
-  if built_already "${dir}" "containerd ${CONTAINERD_VERSION}"; then
-    return 0
-  fi
-  prepare_build "${dir}"
+  start_build "${dir}" "containerd ${CONTAINERD_VERSION}" || return 0
   local m=github.com/containerd/containerd src
   src="$(go mod download -json "${m}@${CONTAINERD_VERSION}" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$/\1/p')"
   [[ -n "${src}" && -f "${src}/go.mod" ]] || die "could not download ${m}@${CONTAINERD_VERSION}"
   local ld="-s -w -X ${m}/version.Version=${CONTAINERD_VERSION} -X ${m}/version.Revision=module"
-  local start=$SECONDS
-  # shellcheck disable=SC2016 # the inner script expands its own positional parameters
-  run_with_progress "building containerd ${CONTAINERD_VERSION}" "${dir}/build.log" \
-    bash -c 'cd "$0" && exec go build -v -trimpath -ldflags="$1" -o "$2" \
-      ./cmd/containerd ./cmd/containerd-shim-runc-v2 ./cmd/ctr' \
-    "${src}" "${ld}" "${dir}/bin.tmp/"
-  finish_build "${dir}" containerd "${start}"
+  go_build containerd "${CONTAINERD_VERSION}" "${dir}" "${src}" "${ld}" \
+    ./cmd/containerd ./cmd/containerd-shim-runc-v2 ./cmd/ctr
 }
 
 case "${1:-all}" in
