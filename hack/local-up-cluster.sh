@@ -325,37 +325,37 @@ start_apiserver() {
   wait_for "kube-apiserver /readyz" kube-apiserver kubectl_admin get --raw /readyz
 }
 
-start_controller_manager() {
-  local kc="${KUBECONFIG_DIR}/controller-manager.kubeconfig"
-  start kube-controller-manager "${K8S_BIN}/kube-controller-manager" \
+# start_component NAME KUBECONFIG PORT FLAG... : kube-controller-manager or kube-scheduler
+# with its own KUBECONFIG for the API and for delegated authentication/authorization,
+# serving on 127.0.0.1:PORT, no leader election; FLAG... are its own.
+start_component() {
+  local name="$1" kc="$2" port="$3"
+  shift 3
+  start "${name}" "${K8S_BIN}/${name}" \
     --kubeconfig="${kc}" \
     --authentication-kubeconfig="${kc}" \
     --authorization-kubeconfig="${kc}" \
     --bind-address=127.0.0.1 \
-    --secure-port=10257 \
+    --secure-port="${port}" \
     --leader-elect=false \
+    "$@" \
+    --feature-gates="${FEATURE_GATES}" \
+    --v=1
+}
+
+start_controller_manager() {
+  start_component kube-controller-manager "${KUBECONFIG_DIR}/controller-manager.kubeconfig" 10257 \
     --use-service-account-credentials=true \
     --service-account-private-key-file="${PKI_DIR}/sa.key" \
     --root-ca-file="${PKI_DIR}/ca.crt" \
     --cluster-signing-cert-file="${PKI_DIR}/ca.crt" \
     --cluster-signing-key-file="${PKI_DIR}/ca.key" \
     --service-cluster-ip-range="${SERVICE_CIDR}" \
-    --allocate-node-cidrs=false \
-    --feature-gates="${FEATURE_GATES}" \
-    --v=1
+    --allocate-node-cidrs=false
 }
 
 start_scheduler() {
-  local kc="${KUBECONFIG_DIR}/scheduler.kubeconfig"
-  start kube-scheduler "${K8S_BIN}/kube-scheduler" \
-    --kubeconfig="${kc}" \
-    --authentication-kubeconfig="${kc}" \
-    --authorization-kubeconfig="${kc}" \
-    --bind-address=127.0.0.1 \
-    --secure-port=10259 \
-    --leader-elect=false \
-    --feature-gates="${FEATURE_GATES}" \
-    --v=1
+  start_component kube-scheduler "${KUBECONFIG_DIR}/scheduler.kubeconfig" 10259
 }
 
 ctr_k8s() { "${CTR}" --address "${CONTAINERD_SOCK}" --namespace k8s.io "$@"; }
