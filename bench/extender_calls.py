@@ -27,7 +27,7 @@ import pstats
 import random
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from bench import dra_stream as ds
@@ -48,40 +48,22 @@ from gpu_share.sharing.model import ResourceNames
 from gpu_share.sharing.placement import (
     ClusterIndex,
     ClusterPolicy,
-    NodeSlots,
     TieBreak,
     Workload,
     make_policy,
 )
+from testkit.static_view import StaticView
 
 KEY = b"extender-calls-bench-key-0123456789"
 
 
-class View:
-    """The ClusterView the extender reads: the index's nodes, as they are now."""
+class View(StaticView):
+    """The ClusterView the extender reads: the index's nodes, as they are now (the index
+    changes its one dict of nodes in place); a pod that lands is committed to it."""
 
     def __init__(self, index: ClusterIndex, load: Workload) -> None:
+        super().__init__(index.nodes, load)
         self.index = index
-        self.load = load
-
-    def nodes(self, names: Sequence[str]) -> dict[str, NodeSlots | None]:
-        got = self.index.nodes.get
-        return {n: got(n) for n in names}
-
-    def node(self, name: str) -> NodeSlots | None:
-        return self.index.nodes.get(name)
-
-    def workload(self) -> Workload:
-        return self.load
-
-    def reserve(self, pod_uid: str, node: str, shares: Mapping[str, tuple[int, int]]) -> None:
-        raise AssertionError("no binds here")
-
-    def unreserve(self, pod_uid: str, node: str) -> None:
-        raise AssertionError("no binds here")
-
-    def pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
-        return None
 
 
 def pct(xs: Sequence[float], q: float) -> float:

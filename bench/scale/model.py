@@ -41,16 +41,9 @@ def replicate(nodes: Sequence[NodeSlots], n: int, prefix: str) -> list[NodeSlots
     return out
 
 
-def pods_for(
-    all_pods: Sequence[trace.TracePod],
-    seed: int,
-    capacity_milli: int,
-    max_pods: int,
-    max_arrived_pct: float = 100.0,
-) -> list[trace.TracePod]:
-    """The GPU pods in the replay's arrival order, up to ``max_arrived_pct`` % of the
-    capacity or ``max_pods`` (a documented prefix)."""
-    return ds.sample_pods(all_pods, seed, capacity_milli, max_pods, max_arrived_pct)
+# The GPU pods in the replay's arrival order, up to ``max_arrived_pct`` % of the capacity
+# or ``max_pods`` (a documented prefix): the DRA stream bench's sample.
+pods_for = ds.sample_pods
 
 
 def node_labels(tag: str) -> dict[str, str]:

@@ -5,7 +5,7 @@ device pick and reusing filter's scores in prioritize change no answer."""
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -28,6 +28,7 @@ from gpu_share.sharing.placement import (
     make_policy,
 )
 from gpu_share.sharing.placement.pod_models import models_key
+from testkit.static_view import StaticView
 
 KEY = b"secret-key-for-tests"
 MEM, CORE = "vendor.com/vcuda-memory", "vendor.com/vcuda-core"
@@ -72,29 +73,14 @@ def _workload(weight: float = 2.0, priced: bool = True) -> Workload:
     )
 
 
-class View:
+class View(StaticView):
+    """A copy of ``nodes``, changed by the tests through ``slots``."""
+
+    slots: dict[str, NodeSlots | None]
+
     def __init__(self, nodes: Mapping[str, NodeSlots | None], priced: bool = True) -> None:
-        self.slots = dict(nodes)
+        super().__init__(dict(nodes), _workload(priced=priced))
         self.priced = priced
-        self.load = _workload(priced=priced)
-
-    def nodes(self, names: Sequence[str]) -> dict[str, NodeSlots | None]:
-        return {n: self.node(n) for n in names}
-
-    def node(self, name: str) -> NodeSlots | None:
-        return self.slots.get(name)
-
-    def workload(self) -> Workload:
-        return self.load
-
-    def reserve(self, pod_uid: str, node: str, shares: Mapping[str, tuple[int, int]]) -> None:
-        raise AssertionError("not bound here")
-
-    def unreserve(self, pod_uid: str, node: str) -> None:
-        raise AssertionError("not bound here")
-
-    def pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
-        return None
 
 
 def _device(rng: random.Random, i: int, mem: int, name: str) -> DeviceSlot:
