@@ -32,6 +32,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -134,16 +135,31 @@ def connect(port: int) -> socket.socket:
     return s
 
 
+def held(
+    child: Child, n: int, what: str, open_one: Callable[[int], socket.socket],
+    path: str, body: bytes | None,
+) -> list[socket.socket]:
+    """``n`` connections from ``open_one(port)``, held for 2 s: the child's threads before
+    and then, and how a normal request to ``path`` fared meanwhile (printed)."""
+    base = child.status()
+    socks = [open_one(child.port) for _ in range(n)]
+    time.sleep(2)
+    during = child.status()
+    req = timed_request(f"http://127.0.0.1:{child.port}{path}", body)
+    print(f"{n} {what}: threads {base[0]} -> {during[0]}; a normal {path} meanwhile: {req}")
+    return socks
+
+
+def half_open(port: int) -> socket.socket:
+    s = connect(port)
+    s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # no blank line: half-sent
+    return s
+
+
 def idle(n: int) -> None:
     child = Child("extender")
     try:
-        base = child.status()
-        socks = [connect(child.port) for _ in range(n)]
-        time.sleep(2)
-        during = child.status()
-        req = timed_request(f"http://127.0.0.1:{child.port}/filter", FILTER)
-        print(f"{n} idle connections (extender): threads {base[0]} -> {during[0]}; "
-              f"a normal /filter meanwhile: {req}")
+        socks = held(child, n, "idle connections (extender)", connect, "/filter", FILTER)
         for s in socks:
             s.close()
     finally:
@@ -154,17 +170,7 @@ def idle(n: int) -> None:
 def half_sent(n: int) -> None:
     child = Child("metrics")
     try:
-        base = child.status()
-        socks = []
-        for _ in range(n):
-            s = connect(child.port)
-            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # no blank line: half-sent
-            socks.append(s)
-        time.sleep(2)
-        during = child.status()
-        req = timed_request(f"http://127.0.0.1:{child.port}/metrics", None)
-        print(f"{n} half-sent /metrics requests: threads {base[0]} -> {during[0]}; "
-              f"a normal /metrics meanwhile: {req}")
+        socks = held(child, n, "half-sent /metrics requests", half_open, "/metrics", None)
         for s in socks:
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
