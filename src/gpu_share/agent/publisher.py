@@ -34,6 +34,10 @@ class _Event:
     warning: bool
 
 
+def _ignore(_what: str) -> None:
+    pass
+
+
 class BackgroundPublisher:
     """Coalesces work: many inventory changes in a burst become one node patch.
 
@@ -60,7 +64,7 @@ class BackgroundPublisher:
         self._node_labels = node_labels
         self._pod_annotations = pod_annotations
         self._enable = (enable_node, enable_pods, enable_events)
-        self._on_error = on_error
+        self._on_error = on_error or _ignore
         self._cond = threading.Condition()
         self._node_dirty = False
         self._pods: set[tuple[str, str]] = set()
@@ -199,8 +203,7 @@ class BackgroundPublisher:
             ok = fn(*args, **kw) is not False
         except Exception as exc:  # publishing must never take the agent down
             log.warning("%s failed: %s", what, describe_error(exc))
-            if self._on_error is not None:
-                self._on_error(what)
+            self._on_error(what)
         if self._supervisor is not None:
             self._supervisor.beat(PUBLISHER_LOOP)
         return ok

@@ -26,14 +26,13 @@ import ssl
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Unpack
 from urllib.parse import quote, urlencode, urlsplit
 
 from gpu_share.errors import KubeAccessError
 from gpu_share.kube.rest_config import (
-    SERVICE_CA_FILE,
-    SERVICE_TOKEN_FILE,
     BearerToken,
+    ConfigSources,
     RestConfig,
     load_rest_config,
     ssl_context,
@@ -92,16 +91,11 @@ def quote_name(name: str) -> str:
 def make_rest_client(
     kubeconfig: str | None = None,
     *,
-    context: str | None = None,
-    environ: Mapping[str, str] | None = None,
-    token_file: str = SERVICE_TOKEN_FILE,
-    ca_file: str = SERVICE_CA_FILE,
     timeouts: KubeTimeouts | None = None,
+    **where: Unpack[ConfigSources],
 ) -> RestClient:
     """A ``RestClient`` configured as ``load_rest_config`` says. Raises KubeAccessError."""
-    cfg = load_rest_config(kubeconfig, context=context, environ=environ,
-                           token_file=token_file, ca_file=ca_file)
-    return RestClient(cfg, timeouts=timeouts)
+    return RestClient(load_rest_config(kubeconfig, **where), timeouts=timeouts)
 
 
 # ---------------------------------------------------------------- the client

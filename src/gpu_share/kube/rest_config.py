@@ -20,7 +20,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from gpu_share.errors import KubeAccessError
 
@@ -147,6 +147,16 @@ def kubeconfig_config(path: str, context: str | None = None) -> RestConfig:
         token=str(user["token"]) if user.get("token") else None,
         token_file=file_of("tokenFile"),
     )
+
+
+class ConfigSources(TypedDict, total=False):
+    """Where ``load_rest_config`` looks besides a kubeconfig path (tests point them
+    elsewhere)."""
+
+    context: str | None
+    environ: Mapping[str, str] | None
+    token_file: str
+    ca_file: str
 
 
 def load_rest_config(

@@ -199,16 +199,8 @@ class DevicePluginServicer(dp_grpc.DevicePluginServicer):
         self, request: dp.PreferredAllocationRequest, context: grpc.ServicerContext
     ) -> dp.PreferredAllocationResponse:
         return dp.PreferredAllocationResponse(
-            container_responses=[
-                dp.ContainerPreferredAllocationResponse(
-                    deviceIDs=self._handler.preferred_allocation(
-                        list(req.available_deviceIDs),
-                        list(req.must_include_deviceIDs),
-                        req.allocation_size,
-                    )
-                )
-                for req in request.container_requests
-            ]
+            container_responses=[wire.preferred_response(self._handler, req)
+                                 for req in request.container_requests]
         )
 
     @_aborting

@@ -47,6 +47,16 @@ def device_from_pb(msg: dp.Device) -> AdvertisedDevice:
     return AdvertisedDevice(id=msg.ID, healthy=msg.health == HEALTHY, numa_node=numa)
 
 
+def preferred_response(
+    handler: ResourceHandler, req: dp.ContainerPreferredAllocationRequest
+) -> dp.ContainerPreferredAllocationResponse:
+    """The handler's choice for one container of a GetPreferredAllocation call."""
+    ids = handler.preferred_allocation(
+        list(req.available_deviceIDs), list(req.must_include_deviceIDs), req.allocation_size
+    )
+    return dp.ContainerPreferredAllocationResponse(deviceIDs=ids)
+
+
 def allocate_response(spec: AllocateSpec) -> dp.ContainerAllocateResponse:
     return dp.ContainerAllocateResponse(
         envs=dict(spec.envs),

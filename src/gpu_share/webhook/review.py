@@ -123,6 +123,10 @@ def error_body(reason: str) -> dict[str, Any]:
     return {"error": reason[:MAX_MESSAGE]}
 
 
+def _every_namespace(_namespace: str, _deadline: float) -> bool:
+    return True
+
+
 class Mutator:
     """Turns a Pod CREATE's vcuda amounts into ResourceClaims (see the module doc).
 
@@ -142,7 +146,7 @@ class Mutator:
     ) -> None:
         self.settings = settings
         self._ensure = ensure_templates
-        self._opted_in = opted_in
+        self._opted_in = opted_in or _every_namespace
         self._budget = budget_s
         self._clock = clock
 
@@ -184,7 +188,7 @@ class Mutator:
                    ) -> _Verdict | None:
         deadline = self._clock() + self._budget
         try:
-            if self._opted_in is not None and not self._opted_in(namespace, deadline):
+            if not self._opted_in(namespace, deadline):
                 log.warning("review for namespace %s, which has not opted in: denied (a "
                             "caller other than the API server?)", namespace)
                 return _deny(403, "Forbidden", f"gpu-share: namespace {namespace} has not "

@@ -55,6 +55,10 @@ class SliceSink(Protocol):
     def remove_all(self) -> int: ...
 
 
+def _ignore(_op: str) -> None:
+    pass
+
+
 class DraSliceLoop:
     """Publishes the slice from a supervised thread; see the module docstring.
 
@@ -77,7 +81,7 @@ class DraSliceLoop:
         self._content = content
         self._wait = wait_for_change
         self._resync_s = resync_s
-        self._on_error = on_error
+        self._on_error = on_error or _ignore
         self._clock = clock
         self._stop = threading.Event()
         self._poke = threading.Event()
@@ -162,8 +166,6 @@ class DraSliceLoop:
         self._poke.clear()
 
     def _failed(self) -> None:
-        if self._on_error is None:
-            return
         try:
             self._on_error(KUBE_OP)
         except Exception:  # a broken metric must not break publishing
