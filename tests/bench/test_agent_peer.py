@@ -9,13 +9,12 @@ import os
 import shutil
 import signal
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from testkit.harness.env import REPO, loud_skip
-from testkit.kubelet_stub import KubeletStub, socket_dir
+from testkit.kubelet_stub import KubeletStub
 
 BUILD = REPO / "bench" / "agent" / "build-peer.sh"
 
@@ -33,12 +32,6 @@ def peer() -> Path:
                           timeout=900)
     assert proc.returncode == 0, f"{BUILD} failed:\n{proc.stderr[-4000:]}"
     return out
-
-
-@pytest.fixture
-def sock_dir() -> Iterator[Path]:
-    with socket_dir("gsp-") as path:  # short: unix socket paths
-        yield path
 
 
 def test_the_peer_registers_lists_and_allocates(peer: Path, sock_dir: Path) -> None:

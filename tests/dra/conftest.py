@@ -18,7 +18,6 @@ from gpu_share.dra.proto import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dr
 from gpu_share.dra.proto import pluginregistration_v1_pb2 as reg
 from gpu_share.dra.proto import pluginregistration_v1_pb2_grpc as reg_grpc
 from gpu_share.dra.server import DraPluginServer, DraServeOptions
-from testkit.kubelet_stub import socket_dir
 
 DRIVER = "gpu-share.vendor.com"
 FAST = DraServeOptions(watch_poll_s=0.05, stop_grace_s=0.2, stop_timeout_s=5.0)
@@ -147,13 +146,6 @@ class Kubelet:
     def close(self) -> None:
         for ch in self._channels:
             ch.close()
-
-
-@pytest.fixture
-def sock_dir() -> Iterator[Path]:
-    """A short temp dir: unix socket paths must stay under 108 bytes."""
-    with socket_dir("gsd-") as path:
-        yield path
 
 
 @pytest.fixture

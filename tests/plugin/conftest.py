@@ -7,16 +7,9 @@ import pytest
 
 from gpu_share.plugin.manager import PluginManager
 from testkit.fake_handler import FakeHandler
-from testkit.kubelet_stub import KubeletStub, fast_plugin_settings, socket_dir
+from testkit.kubelet_stub import KubeletStub, fast_plugin_settings
 
 FAST = fast_plugin_settings()
-
-
-@pytest.fixture
-def sock_dir() -> Iterator[Path]:
-    """A short temp dir: unix socket paths must stay under 108 bytes."""
-    with socket_dir("gs-") as path:
-        yield path
 
 
 @pytest.fixture
