@@ -174,16 +174,16 @@ image_held() {
     grep -q "${want}"
 }
 
-import_image() {
-  import_unless_held "${IMAGE}" "$1" image_held
-}
-
 main() {
   local do_import=1
   case "${1:-}" in
     --no-import) do_import=0 ;;
     --print-tar) stage_hami_core; echo "${IMAGES_DIR}/gpu-share-$(source_hash).tar"; return 0 ;;
-    --import-tar) import_image "${2:?usage: $0 --import-tar TAR}"; echo "$2"; return 0 ;;
+    --import-tar)
+      import_unless_held "${IMAGE}" "${2:?usage: $0 --import-tar TAR}" image_held
+      echo "$2"
+      return 0
+      ;;
     "") ;;
     *) sed -n '2,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2 ;;
   esac
@@ -199,7 +199,7 @@ main() {
     log "building ${IMAGE} (sources ${hash}, base ${BASE_IMAGE})"
     build_image "${tar}"
   fi
-  if ((do_import)); then import_image "${tar}"; fi
+  if ((do_import)); then import_unless_held "${IMAGE}" "${tar}" image_held; fi
   log "done in $((SECONDS - start))s"
   echo "${tar}"
 }

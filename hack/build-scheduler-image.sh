@@ -70,10 +70,6 @@ image_held() {
   [[ "$2" == "$(tar_manifest_digest "$1")" ]]
 }
 
-import_image() {
-  import_unless_held "${IMAGE}" "$1" image_held
-}
-
 main() {
   local do_import=1
   case "${1:-}" in
@@ -91,7 +87,7 @@ main() {
   else
     build "${tar}"
   fi
-  if ((do_import)); then import_image "${tar}"; fi
+  if ((do_import)); then import_unless_held "${IMAGE}" "${tar}" image_held; fi
   log "done in $((SECONDS - start))s"
   echo "${tar}"
 }
