@@ -3,6 +3,7 @@ sockets in a short temp dir."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -180,8 +181,5 @@ def plugin(
 
 @pytest.fixture
 def kubelet(plugin: DraPluginServer) -> Iterator[Kubelet]:
-    k = Kubelet(plugin.registration_socket)
-    try:
+    with contextlib.closing(Kubelet(plugin.registration_socket)) as k:
         yield k
-    finally:
-        k.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,11 +38,8 @@ def server(sock_dir: Path, handler: FakeHandler) -> Iterator[PluginServer]:
 
 @pytest.fixture
 def client(server: PluginServer) -> Iterator[PluginClient]:
-    c = PluginClient(server.socket_path)
-    try:
+    with contextlib.closing(PluginClient(server.socket_path)) as c:
         yield c
-    finally:
-        c.close()
 
 
 def test_options_come_from_handler_flags(sock_dir: Path) -> None:
