@@ -20,6 +20,7 @@ from kube_fakes import Call, FakeStream, fake_rest, status_obj
 from gpu_share.errors import KubeAccessError
 from gpu_share.kube.listwatch import WatchEventError
 from gpu_share.kube.rest import (
+    MAX_IDLE_CONNECTIONS,
     ApiError,
     KubeTimeouts,
     RestClient,
@@ -347,3 +348,36 @@ def test_no_connect_retry_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(KubeAccessError):
         api.get("get", "/api/v1/nodes/a")
     assert len(tries) == 1 and not fake.calls
+
+
+@pytest.mark.parametrize("max_idle", [MAX_IDLE_CONNECTIONS, 8])
+def test_idle_connections_kept_up_to_max_idle(max_idle: int) -> None:
+    # 8 requests in flight at once need 8 connections; afterwards the client keeps
+    # max_idle of them and the next 8 requests open only what it did not keep.
+    barrier = threading.Barrier(8, timeout=10)
+
+    def handler(call: Call) -> Any:
+        if call.path.endswith("/wait"):
+            barrier.wait()
+        return 200, {}
+
+    api, http = fake_rest(handler, max_idle=max_idle)
+
+    def burst() -> None:
+        threads = [threading.Thread(target=api.get, args=("get", "/api/v1/nodes/wait"))
+                   for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+
+    burst()
+    assert len(api._idle) == max_idle
+    kept = set(map(id, api._idle))
+    barrier.reset()
+    burst()
+    assert len(api._idle) == max_idle
+    assert len(http.calls) == 16
+    if max_idle == 8:
+        assert set(map(id, api._idle)) == kept  # all 8 reused, none opened
+    api.close()

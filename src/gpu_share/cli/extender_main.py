@@ -223,12 +223,15 @@ def _previous_keys(key_file: str) -> tuple[bytes, ...]:
 
 
 def _extender(
-    a: argparse.Namespace, names: ResourceNames, key: bytes, metrics: ExtenderMetrics
+    a: argparse.Namespace, names: ResourceNames, key: bytes, metrics: ExtenderMetrics,
+    workers: int,
 ) -> tuple[KubeClusterView, Extender]:
     # Failed connects are retried twice: a scheduling cycle tolerates a short pause
     # better than a failed filter.
     api = make_rest_client(a.kubeconfig)
     api.connect_retries = 2
+    # Every HTTP worker may be binding (two writes) at once: keep a connection for each.
+    api.max_idle = workers
     view = KubeClusterView(
         api,
         domain=a.domain,
@@ -312,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         print(str(e), file=sys.stderr)
         return 2
     metrics = ExtenderMetrics()
-    view, ext = _extender(a, names, key, metrics)
+    view, ext = _extender(a, names, key, metrics, plan.limits.workers)
     try:  # bound before the (slow) sync: a taken port fails fast
         server = make_server(
             ext, plan.host, plan.port, limits=plan.limits, ssl_context=plan.tls,

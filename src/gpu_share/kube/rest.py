@@ -109,13 +109,16 @@ class _Answer:
 
 @dataclass
 class RestClient:
-    """JSON requests to one API server. Thread-safe; keeps a few idle connections."""
+    """JSON requests to one API server. Thread-safe; keeps up to ``max_idle`` idle
+    connections (a caller with N threads writing at once wants N: a new TLS connection
+    costs more than the request)."""
 
     config: RestConfig
     timeouts: KubeTimeouts | None = None
     user_agent: str = "gpu-share-plugin"
     max_body_bytes: int = MAX_BODY_BYTES
     connect_retries: int = 0  # more tries of a connect that failed (never of a request)
+    max_idle: int = MAX_IDLE_CONNECTIONS
     _idle: list[http.client.HTTPConnection] = field(default_factory=list, init=False,
                                                     repr=False)
 
@@ -291,7 +294,7 @@ class RestClient:
             return
         conn._gs_used = True  # type: ignore[attr-defined]
         with self._lock:
-            if len(self._idle) < MAX_IDLE_CONNECTIONS:
+            if len(self._idle) < self.max_idle:
                 self._idle.append(conn)
                 return
         conn.close()
