@@ -4,7 +4,8 @@
   (namespaces, RBAC, admission objects, typed reads), configured by the product's one
   loader (``kube.rest_config``). Test-side only: gpu_share never imports ``kubernetes``;
   the code under test gets a ``kube.rest.RestClient``.
-  ``client_for`` makes one for any ``RestConfig`` (a service account's, say).
+  ``client_for`` makes one for any ``RestConfig`` (a service account's, say);
+  ``admin_apis`` the admin's core, RBAC and admission APIs.
 - ``allowed``: whether a call of such a client gets through or is refused (403).
 - ``idle_api``: a ``RestClient`` for code under test that must never call it.
 """
@@ -16,6 +17,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +53,24 @@ def _as_file(data: bytes | None, name: str) -> str | None:
 def admin_client(kubeconfig: str | None = None, *, context: str | None = None) -> k8s.ApiClient:
     """An ApiClient for the kubeconfig (and context) as ``load_rest_config`` reads it."""
     return client_for(load_rest_config(kubeconfig, context=context))
+
+
+@dataclass(frozen=True)
+class AdminApis:
+    """The generated APIs a test's setup uses, as the admin."""
+
+    core: Any  # CoreV1Api
+    rbac: Any  # RbacAuthorizationV1Api
+    admission: Any  # AdmissionregistrationV1Api
+
+
+def admin_apis(kubeconfig: str) -> AdminApis:
+    from kubernetes import client as k8s
+
+    api = admin_client(kubeconfig)
+    return AdminApis(
+        k8s.CoreV1Api(api), k8s.RbacAuthorizationV1Api(api), k8s.AdmissionregistrationV1Api(api)
+    )
 
 
 def client_for(cfg: RestConfig) -> k8s.ApiClient:

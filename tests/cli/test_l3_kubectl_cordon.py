@@ -33,7 +33,7 @@ from gpu_share.cli import kubectl_plugin as kp
 from gpu_share.sharing.annotations import inventory_key
 from gpu_share.sharing.cordon import Cordon, cordon_key, parse_cordon
 from testkit.harness.wait import until
-from testkit.kube_admin import admin_client, allowed
+from testkit.kube_admin import admin_apis, admin_client, allowed
 from tests.chart.conftest import CHART, NAMESPACE, RELEASE, helm_path
 from tests.cli.objects import DOMAIN, node_obj
 
@@ -89,10 +89,8 @@ def _refused(call: Callable[[], Any]) -> str:
 @pytest.fixture(scope="module")
 def env(apiserver: ApiServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     policy, role = rendered()
-    api = admin_client(apiserver.kubeconfig)
-    admin: Any = k8s.CoreV1Api(api)
-    rbac: Any = k8s.RbacAuthorizationV1Api(api)
-    adm: Any = k8s.AdmissionregistrationV1Api(api)
+    apis = admin_apis(apiserver.kubeconfig)
+    admin, rbac, adm = apis.core, apis.rbac, apis.admission
     tag = uuid.uuid4().hex[:6]
     ns, node = f"cordon-{tag}", f"cordon-node-{tag}"
     admin.create_namespace({"metadata": {"name": ns}})

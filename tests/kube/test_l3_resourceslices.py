@@ -38,7 +38,7 @@ from gpu_share.sharing.dra.slices import slice_content
 from gpu_share.sharing.inventory import Inventory
 from gpu_share.sharing.quantity import parse_quantity
 from testkit.harness.wait import until
-from testkit.kube_admin import admin_client
+from testkit.kube_admin import admin_apis
 from tests.chart.conftest import NAMESPACE, RELEASE
 from tests.kube.policies import rendered_policy
 
@@ -220,10 +220,8 @@ def _ensure(call: Callable[[], Any]) -> None:
 @pytest.fixture(scope="module")
 def policy_env(apiserver: ApiServer, tmp_path_factory: pytest.TempPathFactory
                ) -> Iterator[PolicyEnv]:
-    admin_api = admin_client(apiserver.kubeconfig)
-    core: Any = k8s.CoreV1Api(admin_api)
-    rbac: Any = k8s.RbacAuthorizationV1Api(admin_api)
-    adm: Any = k8s.AdmissionregistrationV1Api(admin_api)
+    apis = admin_apis(apiserver.kubeconfig)
+    core, rbac, adm = apis.core, apis.rbac, apis.admission
     tag = uuid.uuid4().hex[:6]
     node, other = f"rs-node-{tag}", f"rs-other-{tag}"
     _ensure(lambda: core.create_namespace({"metadata": {"name": NAMESPACE}}))
