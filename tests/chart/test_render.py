@@ -184,3 +184,21 @@ def test_scheduler_enabled_mounts_the_decision_key_into_the_agent(helm: str) -> 
     for cm in cms:
         cfg = AgentConfig.model_validate(yaml.safe_load(cm["data"]["config.yaml"]))
         assert cfg.placement.decision_key_file == "/etc/gpu-share-decision/key"
+
+
+def _scheduler_config(helm: str, sets: list[str]) -> dict[str, Any]:
+    docs = render(helm, ["values-examples/dummy-npu.yaml"], ["scheduler.enabled=true", *sets])
+    cm = one(docs, "ConfigMap", "-scheduler")
+    cfg: dict[str, Any] = yaml.safe_load(cm["data"]["config.yaml"])
+    return cfg
+
+
+def test_scheduler_scores_every_node_unless_told_otherwise(helm: str) -> None:
+    assert _scheduler_config(helm, [])["percentageOfNodesToScore"] == 100
+    sampled = _scheduler_config(helm, ["scheduler.percentageOfNodesToScore=20"])
+    assert sampled["percentageOfNodesToScore"] == 20
+    assert _scheduler_config(helm, ["scheduler.percentageOfNodesToScore=0"])[
+        "percentageOfNodesToScore"] == 0
+    err = render_error(helm, ["values-examples/dummy-npu.yaml"],
+                       ["scheduler.enabled=true", "scheduler.percentageOfNodesToScore=101"])
+    assert "percentageOfNodesToScore" in err
