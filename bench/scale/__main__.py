@@ -66,6 +66,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--lease-seconds", type=int, default=160, help="kwok node lease duration")
     ap.add_argument("--scheduler-qps", type=float, default=0,
                     help="kube-scheduler clientConnection qps (0 = its default, 50)")
+    ap.add_argument("--nodes-to-score", type=int, default=100, choices=range(101),
+                    metavar="0-100", help="the extender path's percentageOfNodesToScore "
+                    "(the chart's scheduler.percentageOfNodesToScore; 0 = adaptive)")
     ap.add_argument("--seen-workload", action="store_true",
                     help="the extender's fgd aims at the mix of pods it sees (the product "
                     "default) rather than the simulator's fixed trace mix")
@@ -191,7 +194,7 @@ def run_extender(r: Run, workload_file: Path | None) -> list[model.PathFigures]:
     port = free_port()
     src = Path(r.a.extender_src) if r.a.extender_src else None
     with cl.extender(env, port, KEY, workload_file, src) as ext:
-        cfg = cl.scheduler_config(env, name, port, r.a.scheduler_qps)
+        cfg = cl.scheduler_config(env, name, port, r.a.scheduler_qps, r.a.nodes_to_score)
         with cl.kube_scheduler(env, name, cfg):
             for rate in r.rates:
                 with cl.namespace(env, f"gs-scale-{env.tag}-ext-{int(rate) % 1000}") as ns:

@@ -238,10 +238,11 @@ def drop_namespace(env: Env, ns: str, timeout: float = 600) -> None:
 
 
 def scheduler_config(
-    env: Env, name: str, extender_port: int | None, qps: float
+    env: Env, name: str, extender_port: int | None, qps: float, nodes_to_score: int = 100
 ) -> dict[str, Any]:
     """kube-scheduler alone (its defaults), or as the chart configures it with the
-    extender (score plugins off, every node scored, nodeCacheCapable)."""
+    extender (score plugins off, percentageOfNodesToScore as the chart's value,
+    nodeCacheCapable)."""
     profile: dict[str, Any] = {"schedulerName": name}
     cfg: dict[str, Any] = {
         "apiVersion": "kubescheduler.config.k8s.io/v1",
@@ -253,7 +254,7 @@ def scheduler_config(
     if qps > 0:
         cfg["clientConnection"].update({"qps": qps, "burst": int(2 * qps)})
     if extender_port is not None:
-        cfg["percentageOfNodesToScore"] = 100
+        cfg["percentageOfNodesToScore"] = nodes_to_score
         profile["plugins"] = {"score": {"disabled": [{"name": "*"}]}}
         cfg["extenders"] = [extender_entry(extender_port, model.ds.MEM, model.ds.CORE)]
     return cfg
