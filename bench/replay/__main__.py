@@ -5,6 +5,11 @@ Prints, per trace file and per model-restricted variant of the default trace
 (allocated GPU-milli / capacity) at arrived = 90..130 % of capacity, mean over the seeds,
 per policy and tie-break, and the decision time p50/p99; writes ``<out>/<trace>.png``
 (unallocated % vs arrived %) and ``<out>/results.json``.
+
+``--sample off,100,50,0`` adds kube-scheduler's node sampling (``sampling.py``;
+percentageOfNodesToScore, 0 = adaptive, off = every node a candidate as before);
+``--nodes N`` replicates the node list to N nodes (as ``bench.scale`` does);
+``--until PCT`` stops arrivals at PCT % of capacity (cheaper when only 100 % matters).
 """
 
 from __future__ import annotations
@@ -15,10 +20,11 @@ import statistics
 import sys
 import tempfile
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.replay import restrict, sim, trace
+from bench.replay import restrict, sampling, sim, trace
 
 POLICIES = ("fgd", "best-fit", "packing", "random", "dotprod", "clustering")
 TIES = ("deterministic", "random")
@@ -54,19 +60,51 @@ def load(name: str, nodes: list[Any]) -> list[trace.TracePod]:
     return trace.load_pods(trace.trace_dir() / f"openb_pod_list_{name}.csv")
 
 
-def _job(args: tuple[str, str, str, int]) -> dict[str, Any]:
-    name, policy, tie, seed = args
+Job = tuple[str, str, str, int, int | None]  # trace, policy, tie-break, seed, sample
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every job of one invocation shares besides its ``Job``."""
+
+    nodes: int = 0  # replicate the node list to this many (0: as it is)
+    until: float = 0.0  # stop arrivals at this % of capacity (0: the whole order)
+    retry: bool = True  # sampled: retry a pod in the next windows (kube-scheduler requeues)
+
+
+def _job(args: Job, setup: Setup = Setup()) -> dict[str, Any]:
+    name, policy, tie, seed, sample = args
     nodes = trace.load_nodes()
+    if setup.nodes:
+        from bench.scale.model import replicate
+
+        nodes = replicate(nodes, setup.nodes, "s")
     pods = load(name, nodes)
     capacity = sum(len(n.devices) for n in nodes) * trace.GPU_MILLI
     order = trace.arrival_order(pods, seed, capacity)
-    r = sim.run(nodes, order, sim.workload_of(pods), policy, tie, seed)
+    if setup.until:
+        order = _cut(order, setup.until * capacity / 100)
+    r = sim.run(
+        nodes,
+        order,
+        sim.workload_of(pods),
+        policy,
+        tie,
+        seed,
+        sample=sample,
+        sample_retry=setup.retry,
+    )
     ds = sorted(r.decision_s)
     return {
         "trace": name,
         "policy": policy,
         "tie": tie,
         "seed": seed,
+        "sample": sample,
+        "retry": setup.retry,
+        "nodes": len(nodes) if setup.nodes else 0,
+        "windows": r.windows,
+        "candidates": r.candidates,
         "allocation": r.allocation,
         "curve": r.curve,
         "p50_ms": 1e3 * ds[len(ds) // 2],
@@ -74,6 +112,24 @@ def _job(args: tuple[str, str, str, int]) -> dict[str, Any]:
         "placed": r.placed,
         "failed": r.failed,
     }
+
+
+def _cut(order: list[trace.TracePod], milli: float) -> list[trace.TracePod]:
+    """The arrivals up to the first that brings the requests to ``milli``."""
+    total = 0
+    for i, p in enumerate(order):
+        total += p.gpu_request
+        if total >= milli:
+            return order[: i + 1]
+    return order
+
+
+def _sample(text: str) -> int | None:
+    return None if text == "off" else int(text)
+
+
+def _key(r: dict[str, Any]) -> tuple[str, str, str, int, int | None]:
+    return (r["trace"], r["policy"], r["tie"], r["seed"], r.get("sample"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,6 +144,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ties", default=",".join(TIES))
     ap.add_argument("--seeds", default="42-51", help="e.g. 42-51 or 42,43")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument(
+        "--sample",
+        default="off",
+        help="comma-separated percentageOfNodesToScore values to replay (0 = adaptive, "
+        "off = no sampling), e.g. off,100,50,30,20,10,0",
+    )
+    ap.add_argument(
+        "--sample-once",
+        action="store_true",
+        help="sampled: a pod its window cannot take fails (default: it is retried in the "
+        "next windows until they covered every node)",
+    )
+    ap.add_argument("--nodes", type=int, default=0, help="replicate the node list to N nodes")
+    ap.add_argument("--until", type=float, default=0.0, help="stop arrivals at this %% of capacity")
     ap.add_argument(
         "--report-only",
         action="store_true",
@@ -125,22 +195,25 @@ def main(argv: list[str] | None = None) -> int:
         report(_read(log), out)
         if a.markdown:
             markdown(_read(log))
+            sampling.markdown(_read(log))
         return 0
     done = _read(log) if a.resume else []
     if not a.resume:
         log.write_text("")
-    have = {(r["trace"], r["policy"], r["tie"], r["seed"]) for r in done}
-    jobs = [
-        (n, p, t, s)
+    have = {_key(r) for r in done}
+    jobs: list[Job] = [
+        (n, p, t, s, x)
         for n in names
         for p in a.policies.split(",")
         for t in a.ties.split(",")
         for s in seeds
-        if (n, p, t, s) not in have
+        for x in [_sample(v) for v in a.sample.split(",")]
+        if (n, p, t, s, x) not in have
     ]
+    setup = Setup(a.nodes, a.until, not a.sample_once)
     results = list(done)
     with ProcessPoolExecutor(max_workers=a.workers) as ex, log.open("a") as f:
-        for fut in as_completed([ex.submit(_job, j) for j in jobs]):
+        for fut in as_completed([ex.submit(_job, j, setup) for j in jobs]):
             r = fut.result()
             results.append(r)
             f.write(json.dumps(r) + "\n")
@@ -154,10 +227,13 @@ Groups = dict[tuple[str, str, str], list[dict[str, Any]]]
 
 
 def _groups(results: list[dict[str, Any]]) -> Groups:
-    """Runs by (trace, policy, tie-break)."""
+    """Runs by (trace, policy, tie-break); a scaled cluster and a sampling percentage
+    label the trace and the policy (``default@5000n``, ``fgd@10%``)."""
     out: Groups = {}
     for r in results:
-        out.setdefault((str(r["trace"]), str(r["policy"]), str(r["tie"])), []).append(r)
+        tr = str(r["trace"]) + (f"@{r['nodes']}n" if r.get("nodes") else "")
+        pol = str(r["policy"]) + sampling.tag(r.get("sample"), r.get("retry", True))
+        out.setdefault((tr, pol, str(r["tie"])), []).append(r)
     return out
 
 

@@ -6,6 +6,7 @@ import random
 import time
 from dataclasses import dataclass, field, replace
 
+from bench.replay.sampling import Sampled
 from bench.replay.trace import TracePod
 from gpu_share.sharing.placement import (
     ANY_MODEL,
@@ -32,6 +33,8 @@ class RunResult:
     decision_s: list[float] = field(default_factory=list)
     placed: int = 0
     failed: int = 0
+    windows: int = 0  # sampled runs: kube-scheduler filter cycles (retries included)
+    candidates: int = 0  # sampled runs: nodes those cycles passed to the extender
 
 
 def workload_of(pods: list[TracePod]) -> Workload:
@@ -65,7 +68,11 @@ def run(
     tie_break: str,
     seed: int,
     curve_every: int = 50,
+    sample: int | None = None,
+    sample_retry: bool = True,
 ) -> RunResult:
+    """``sample``: kube-scheduler's percentageOfNodesToScore (``sampling.py``; 0 =
+    its adaptive default); None: every node is a candidate (no kube-scheduler)."""
     if policy == BLIND:
         pol = make_policy("fgd", blind(workload))
     elif policy == UNPRICED:
@@ -74,6 +81,9 @@ def run(
     else:
         pol = make_policy(policy, workload if policy == "fgd" else None)
     index = ClusterIndex(pol, nodes, TieBreak(tie_break), random.Random(seed))
+    chooser: ClusterIndex | Sampled = (
+        index if sample is None else Sampled(index, sample, retry=sample_retry)
+    )
     capacity = sum(len(n.devices) for n in nodes) * 1000
     res = RunResult(policy, tie_break, seed)
     arrived = 0
@@ -82,13 +92,13 @@ def run(
     for i, p in enumerate(pods_in_order):
         demand = p.demand()
         t0 = time.perf_counter()
-        placement = index.choose(demand)
+        placement = chooser.choose(demand)
         res.decision_s.append(time.perf_counter() - t0)
         arrived += p.gpu_request
         if placement is None:
             res.failed += 1
         else:
-            index.commit(demand, placement)
+            chooser.commit(demand, placement)
             res.placed += 1
             allocated += p.gpu_request
         arrived_pct = 100 * arrived / capacity
@@ -96,4 +106,6 @@ def run(
             res.allocation[checkpoints.pop(0)] = 100 * allocated / capacity
         if i % curve_every == 0 or not checkpoints:
             res.curve.append((arrived_pct, 100 - 100 * allocated / capacity))
+    if isinstance(chooser, Sampled):
+        res.windows, res.candidates = chooser.windows, chooser.candidates
     return res
