@@ -66,9 +66,10 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--lease-seconds", type=int, default=160, help="kwok node lease duration")
     ap.add_argument("--scheduler-qps", type=float, default=0,
                     help="kube-scheduler clientConnection qps (0 = its default, 50)")
-    ap.add_argument("--nodes-to-score", type=int, default=100, choices=range(101),
+    ap.add_argument("--nodes-to-score", type=int, default=0, choices=range(101),
                     metavar="0-100", help="the extender path's percentageOfNodesToScore "
-                    "(the chart's scheduler.percentageOfNodesToScore; 0 = adaptive)")
+                    "(the chart's scheduler.percentageOfNodesToScore: 0 = kube-scheduler's "
+                    "adaptive share, the chart's default)")
     ap.add_argument("--seen-workload", action="store_true",
                     help="the extender's fgd aims at the mix of pods it sees (the product "
                     "default) rather than the simulator's fixed trace mix")

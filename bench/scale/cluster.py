@@ -238,7 +238,7 @@ def drop_namespace(env: Env, ns: str, timeout: float = 600) -> None:
 
 
 def scheduler_config(
-    env: Env, name: str, extender_port: int | None, qps: float, nodes_to_score: int = 100
+    env: Env, name: str, extender_port: int | None, qps: float, nodes_to_score: int = 0
 ) -> dict[str, Any]:
     """kube-scheduler alone (its defaults), or as the chart configures it with the
     extender (score plugins off, percentageOfNodesToScore as the chart's value,

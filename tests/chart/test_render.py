@@ -193,12 +193,12 @@ def _scheduler_config(helm: str, sets: list[str]) -> dict[str, Any]:
     return cfg
 
 
-def test_scheduler_scores_every_node_unless_told_otherwise(helm: str) -> None:
-    assert _scheduler_config(helm, [])["percentageOfNodesToScore"] == 100
+def test_scheduler_samples_nodes_adaptively_unless_told_otherwise(helm: str) -> None:
+    assert _scheduler_config(helm, [])["percentageOfNodesToScore"] == 0
     sampled = _scheduler_config(helm, ["scheduler.percentageOfNodesToScore=20"])
     assert sampled["percentageOfNodesToScore"] == 20
-    assert _scheduler_config(helm, ["scheduler.percentageOfNodesToScore=0"])[
-        "percentageOfNodesToScore"] == 0
+    assert _scheduler_config(helm, ["scheduler.percentageOfNodesToScore=100"])[
+        "percentageOfNodesToScore"] == 100
     err = render_error(helm, ["values-examples/dummy-npu.yaml"],
                        ["scheduler.enabled=true", "scheduler.percentageOfNodesToScore=101"])
     assert "percentageOfNodesToScore" in err
