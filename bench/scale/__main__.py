@@ -167,6 +167,7 @@ def _extender_figures(f: model.PathFigures, before: dict[str, Any], after: dict[
     for verb, attr in verbs:
         n0 = len(before["durations_ms"][verb])
         setattr(f, attr, list(after["durations_ms"][verb][n0:]))
+    f.filter_nodes = list(after["filter_names"][len(before["filter_names"]):])
     f.api_requests = sum(after["api"].values()) - sum(before["api"].values())
     f.rss_mib = float(after["rss_mib"])
     marks = after.get("marks") or {}

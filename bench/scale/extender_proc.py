@@ -26,6 +26,7 @@ from typing import Any
 _DUR: dict[str, list[float]] = {"filter": [], "prioritize": [], "bind": []}
 _API: dict[str, int] = {}
 _MARK: dict[str, float] = {}
+_NAMES: list[int] = []  # node names kube-scheduler sent in each filter call
 _LOCK = threading.Lock()
 _ASK = threading.Event()  # set by SIGUSR1: write the stats file
 
@@ -46,6 +47,17 @@ def _timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
             ms = 1e3 * (time.perf_counter() - t0)
             with _LOCK:
                 _DUR[name].append(ms)
+
+    return wrapper
+
+
+def _names_counted(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``Extender.filter``: how many nodes kube-scheduler asked about (its sampling)."""
+    def wrapper(self: Any, args: Any, *a: Any, **kw: Any) -> Any:
+        names = args.get("NodeNames") if isinstance(args, dict) else None
+        with _LOCK:
+            _NAMES.append(len(names) if isinstance(names, list) else -1)
+        return fn(self, args, *a, **kw)
 
     return wrapper
 
@@ -86,6 +98,7 @@ def _write(path: Path) -> None:
             "durations_ms": {k: list(v) for k, v in _DUR.items()},
             "api": dict(_API),
             "marks": dict(_MARK),
+            "filter_names": list(_NAMES),
             "rss_mib": rss_mib(),
             "cpu_s": sum(os.times()[:2]),
             "written": time.time(),
@@ -102,6 +115,7 @@ def _instrument() -> None:
 
     for verb in ("filter", "prioritize", "bind"):
         setattr(Extender, verb, _timed(verb, getattr(Extender, verb)))
+    Extender.filter = _names_counted(Extender.filter)
     RestClient.request = _counted(RestClient.request)  # type: ignore[method-assign]
     RestClient.watch = _counted_watch(RestClient.watch)  # type: ignore[method-assign]
 

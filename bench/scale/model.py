@@ -169,6 +169,7 @@ class PathFigures:
     alloc_pct: float = float("nan")
     misplaced: int = 0
     filter_ms: list[float] = field(default_factory=list)
+    filter_nodes: list[int] = field(default_factory=list)  # names per filter call
     prioritize_ms: list[float] = field(default_factory=list)
     bind_ms: list[float] = field(default_factory=list)
     rss_mib: float = float("nan")  # the extender's at the end of the stream
@@ -209,6 +210,7 @@ ROWS: tuple[tuple[str, str], ...] = (
     ("alloc", "allocation % (GPU-milli)"),
     ("misplaced", "misplaced (no device fits)"),
     ("filter", "extender filter p50 / p99 ms"),
+    ("nodes", "nodes per filter, mean / max"),
     ("prio", "extender prioritize p50/p99 ms"),
     ("bind", "extender bind p50 / p99 ms"),
     ("rss", "extender RSS MiB (view MiB)"),
@@ -227,6 +229,8 @@ def cell(f: PathFigures, row: str) -> str:
         "alloc": _f(f.alloc_pct, ".2f"),
         "misplaced": str(f.misplaced),
         "filter": _pq(f.filter_ms) if ext else "-",
+        "nodes": (f"{sum(f.filter_nodes) / len(f.filter_nodes):.0f} / {max(f.filter_nodes)}"
+                  if f.filter_nodes else "-"),
         "prio": _pq(f.prioritize_ms) if ext else "-",
         "bind": _pq(f.bind_ms) if ext else "-",
         "rss": f"{_f(f.rss_mib, '.0f')} ({_f(f.view_mib, '.0f')})" if ext else "-",
