@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
+from gpu_share.extender.ports import ReadOnlyView
 from gpu_share.sharing.placement import NodeSlots, Workload
 
 
-class StaticView:
+class StaticView(ReadOnlyView):
     """The nodes of ``slots`` (the caller's mapping, read at each call: change it to change
     the cluster) and ``load`` as the workload; no pod is known, and a bind through this
     view is a test error."""
+
+    read_only = "no binds through a StaticView"
 
     def __init__(self, slots: Mapping[str, NodeSlots | None], load: Workload) -> None:
         self.slots = slots
@@ -27,11 +29,3 @@ class StaticView:
     def workload(self) -> Workload:
         return self.load
 
-    def reserve(self, pod_uid: str, node: str, shares: Mapping[str, tuple[int, int]]) -> None:
-        raise AssertionError("no binds through a StaticView")
-
-    def unreserve(self, pod_uid: str, node: str) -> None:
-        raise AssertionError("no binds through a StaticView")
-
-    def pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
-        return None

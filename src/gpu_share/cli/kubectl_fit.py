@@ -11,7 +11,7 @@ from gpu_share.cli.kubectl_snapshot import Settings, Snapshot
 from gpu_share.cli.kubectl_view import largest_free
 from gpu_share.errors import GpuShareError
 from gpu_share.extender.core import Extender, ExtenderSettings, pod_ask
-from gpu_share.extender.ports import ClusterView
+from gpu_share.extender.ports import ClusterView, ReadOnlyView
 from gpu_share.sharing.placement import (
     ClusterPolicy,
     NodeSlots,
@@ -37,8 +37,10 @@ def parse_workload(text: str) -> Workload:
     return Workload(shapes)
 
 
-class SnapshotView:
+class SnapshotView(ReadOnlyView):
     """``extender.ports.ClusterView`` over a snapshot: what the extender would see."""
+
+    read_only = "kubectl gpu-share is read-only"
 
     def __init__(self, snap: Snapshot, default_workload: Workload) -> None:
         self.snap = snap
@@ -76,14 +78,6 @@ class SnapshotView:
             return self._default
         return Workload(replace(s, weight=float(n)) for _, (s, n) in sorted(counts.items()))
 
-    def reserve(self, pod_uid: str, node: str, shares: Mapping[str, tuple[int, int]]) -> None:
-        raise GpuShareError("kubectl gpu-share is read-only")
-
-    def unreserve(self, pod_uid: str, node: str) -> None:
-        raise GpuShareError("kubectl gpu-share is read-only")
-
-    def pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
-        return None
 
 
 class _NoBinder:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from gpu_share.errors import GpuShareError
 from gpu_share.sharing.placement import NodeSlots, Workload
 
 
@@ -45,3 +46,19 @@ class Binder(Protocol):
         Raises ``BindRefused`` when the API server answered no (nothing bound), any other
         error when the outcome is unknown."""
         ...
+
+
+class ReadOnlyView:
+    """The half of a ``ClusterView`` that a view nobody binds through shares: it knows
+    no pod and refuses reservations (``read_only`` names the view in the error)."""
+
+    read_only = "this view is read-only"
+
+    def reserve(self, pod_uid: str, node: str, shares: Mapping[str, tuple[int, int]]) -> None:
+        raise GpuShareError(self.read_only)
+
+    def unreserve(self, pod_uid: str, node: str) -> None:
+        raise GpuShareError(self.read_only)
+
+    def pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        return None
