@@ -32,7 +32,9 @@ def test_extender_places_like_the_simulator_on_kwok_nodes(
     # Every node scored, as the simulator does: the same allocation.
     doc, ext = _stream(tmp_path / "every.json", "seq", "100")
     assert ext["alloc_pct"] == pytest.approx(doc["sim_alloc_pct"], abs=1e-9)
-    assert max(ext["filter_nodes"]) == 200
+    # kube-scheduler hands over every node that passes its own filters (some nodes fail
+    # them: a pod's model, host CPU): more than the sampled window of 100.
+    assert max(ext["filter_nodes"]) > 100
 
 
 def test_the_charts_adaptive_sampling_hands_the_extender_100_of_200_nodes(
