@@ -13,6 +13,8 @@
 #   hack/local-up-cluster.sh import-image TAR...   import image tars into the
 #                                          cluster's containerd (k8s.io namespace)
 #   hack/local-up-cluster.sh restart-kubelet   stop + start the kubelet, wait for Ready
+#   hack/local-up-cluster.sh restart-controller-manager   stop + start kube-controller-manager
+#                                          (GPU_SHARE_KCM_API_QPS as set now), wait for /healthz
 #   hack/local-up-cluster.sh stop-kubelet | start-kubelet   one half of it (failure tests)
 #   hack/local-up-cluster.sh stop-apiserver | start-apiserver   take the API server away
 #                                          and bring it back (waits for /readyz)
@@ -33,6 +35,10 @@
 #   GPU_SHARE_FEATURE_GATES  --feature-gates of every component (default
 #                          DRAConsumableCapacity=true,DRADeviceTaints=true, for the DRA
 #                          mode: consumable capacity, and the taint of a cordoned device)
+#   GPU_SHARE_KCM_API_QPS  kube-controller-manager's --kube-api-qps (burst: twice that);
+#                          default unset: its own 20 (burst 30). Each controller has its own
+#                          client at that rate: the resource claim controller makes a pod's
+#                          claim and writes the pod's status, 2 writes a pod
 # Config files are rendered from hack/templates/. See docs/local-cluster.md.
 set -euo pipefail
 
@@ -54,6 +60,7 @@ UP_TIMEOUT="${GPU_SHARE_UP_TIMEOUT:-180}"
 # taint of a cordoned device from the ResourceSlice); the device-plugin mode depends on
 # neither. Same gates on every component.
 FEATURE_GATES="${GPU_SHARE_FEATURE_GATES:-DRAConsumableCapacity=true,DRADeviceTaints=true}"
+KCM_API_QPS="${GPU_SHARE_KCM_API_QPS:-}"
 SERVICE_CIDR="10.0.0.0/24"
 SERVICE_IP="10.0.0.1"
 API_PORT=6443
@@ -344,7 +351,13 @@ start_component() {
 }
 
 start_controller_manager() {
+  local qps=()
+  if [[ -n "${KCM_API_QPS}" ]]; then
+    [[ "${KCM_API_QPS}" =~ ^[1-9][0-9]*$ ]] || die "GPU_SHARE_KCM_API_QPS must be a positive integer"
+    qps=(--kube-api-qps="${KCM_API_QPS}" --kube-api-burst="$((2 * KCM_API_QPS))")
+  fi
   start_component kube-controller-manager "${KUBECONFIG_DIR}/controller-manager.kubeconfig" 10257 \
+    "${qps[@]}" \
     --use-service-account-credentials=true \
     --service-account-private-key-file="${PKI_DIR}/sa.key" \
     --root-ca-file="${PKI_DIR}/ca.crt" \
@@ -635,6 +648,18 @@ cmd_restart_kubelet() {
   wait_for "node ${NODE_NAME} Ready" kubelet node_ready
 }
 
+kcm_healthy() { curl -ksf https://127.0.0.1:10257/healthz >/dev/null; }
+
+# The same flags, with GPU_SHARE_KCM_API_QPS as set now (bench.scale raises it for a run
+# and restarts it again without afterwards).
+cmd_restart_controller_manager() {
+  need_root
+  is_running kube-apiserver || die "the local cluster is not up (run: $0 up)"
+  stop kube-controller-manager
+  start_controller_manager
+  wait_for "kube-controller-manager /healthz" kube-controller-manager kcm_healthy
+}
+
 # Halves of a restart, for the failure stories: the caller does something in between
 # (kills the agent: a node reboot; or admits pods while the API server is gone).
 cmd_stop_kubelet() {
@@ -702,6 +727,7 @@ case "${1:-}" in
   env) shift; cmd_env "$@" ;;
   import-image) shift; cmd_import_image "$@" ;;
   restart-kubelet) cmd_restart_kubelet ;;
+  restart-controller-manager) cmd_restart_controller_manager ;;
   restart-containerd) cmd_restart_containerd ;;
   stop-kubelet) cmd_stop_kubelet ;;
   start-kubelet) cmd_start_kubelet ;;
@@ -710,7 +736,7 @@ case "${1:-}" in
   build) ensure_packages; build_all; log "images: ${PAUSE_TAR} ${BUSYBOX_TAR}" ;;
   logs) shift; exec tail -n 100 -f "${LOG_DIR}/${1:?component}.log" ;;
   *)
-    sed -n '2,33p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,42p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
     exit 2
     ;;
 esac

@@ -16,7 +16,9 @@ the whole run):
    go (the scheduler is the bottleneck), a positive rate creates that many per second.
    Paths: ``base`` kube-scheduler alone (node-wide sums only), ``extender`` kube-scheduler
    + gpu-share-extender in its own process (the chart's scheduler configuration),
-   ``dra`` kube-scheduler with DRA consumable capacity (no extender).
+   ``dra`` kube-scheduler with DRA consumable capacity (no extender); ``--dra-scheduler
+   1.36`` runs that path on kube-scheduler v1.36 (hack/cluster/build.sh k8s-136) against
+   the same v1.35 API server, a PATH on that kube-scheduler binary.
 3. Prints one table: throughput, creation->bound p50/p99, allocation % beside the
    simulator's for the same nodes and pods (fgd), misplaced pods, the extender's
    filter/prioritize/bind p50/p99, RSS (and its view's growth at sync), CPU and API
@@ -58,6 +60,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--max-arrived", type=float, default=100.0,
                     help="stop when the pods ask this %% of the GPU capacity")
+    ap.add_argument("--min-gpus", type=int, default=0,
+                    help="only the trace's pods asking at least this many whole GPUs (2: the "
+                    "multi-GPU claims whose device search is the DRA allocator's hard case)")
     ap.add_argument("--paths", default="base,extender,dra")
     ap.add_argument("--rates", default="0",
                     help="pods/s, comma-separated; 0 = as fast as it takes, seq = one at a "
@@ -76,11 +81,23 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--extender-src", default="",
                     help="run the extender's gpu_share package from this src/ directory "
                     "(measure a candidate fix without touching the checkout)")
+    ap.add_argument("--dra-scheduler", default="",
+                    help="the dra path's kube-scheduler: empty = the local cluster's, 1.36 = "
+                    "v1.36 from hack/k8s-136 (built into the cache on first use), else the "
+                    "path of a kube-scheduler binary; same config, kubeconfig and gates")
+    ap.add_argument("--controller-manager-qps", type=int, default=0,
+                    help="restart the local cluster's kube-controller-manager with this "
+                    "--kube-api-qps (burst twice that) for the run, and as before after it "
+                    "(0 = leave it alone; its default is 20: DRA claims at ~10 pods/s)")
     ap.add_argument("--stream-timeout", type=float, default=3600)
     ap.add_argument("--settle", type=float, default=30,
                     help="end a stream when nothing changed for this long")
     ap.add_argument("--lock-timeout", type=float, default=1800)
     ap.add_argument("--out", default="", help="also write the figures here (JSON)")
+    ap.add_argument("--keep-dir", default="",
+                    help="the run's files (scheduler configs and logs: a SIGQUIT goroutine "
+                    "dump lands in the scheduler's log) go here and stay; default a "
+                    "temporary directory, removed")
     a = ap.parse_args(argv)
     bad = set(a.paths.split(",")) - set(PATHS)
     if bad or a.nodes < 1:
@@ -100,7 +117,7 @@ def free_port() -> int:
 class Run:
     def __init__(self, env: cl.Env, a: argparse.Namespace, nodes: Sequence[Any],
                  pods: Sequence[trace.TracePod]) -> None:
-        self.env, self.a, self.pods = env, a, pods
+        self.env, self.a, self.pods, self.nodes = env, a, pods, nodes
         self.names = [f"p{i:05d}" for i in range(len(pods))]
         self.by_name = dict(zip(self.names, pods, strict=True))
         self.devices = {n.name: [d.uuid for d in n.devices] for n in nodes}
@@ -212,8 +229,9 @@ def run_extender(r: Run, workload_file: Path | None) -> list[model.PathFigures]:
     return out
 
 
-def run_dra(r: Run) -> list[model.PathFigures]:
+def run_dra(r: Run, scheduler: Path | None = None) -> list[model.PathFigures]:
     env, out = r.env, []
+    version = cl.binary_version(scheduler or env.k8s_bin / "kube-scheduler")
     name = f"gs-scale-dra-{env.tag}"
     klass = f"gs-scale-{env.tag}"
     env.custom.create_cluster_custom_object(
@@ -222,7 +240,8 @@ def run_dra(r: Run) -> list[model.PathFigures]:
     settings = ds.translation_settings(klass)
     try:
         cfg = cl.scheduler_config(env, name, None, r.a.scheduler_qps)
-        with cl.kube_scheduler(env, name, cfg, gates="DRAConsumableCapacity=true"):
+        with cl.kube_scheduler(env, name, cfg, gates="DRAConsumableCapacity=true",
+                               binary=scheduler):
             for rate in r.rates:
                 with cl.namespace(env, f"gs-scale-{env.tag}-dra-{int(rate) % 1000}") as ns:
                     bodies, templates = [], {}
@@ -243,6 +262,20 @@ def run_dra(r: Run) -> list[model.PathFigures]:
                     f.misplaced = ds.claim_use(claims).devices_over
                     f.notes.append("misplaced = devices over capacity in the claims")
                     f.notes.append(claim_rate(claims))
+                    bound_on = {
+                        n: str(p["spec"]["nodeName"]) for n, p in s.pods.items()
+                        if (p.get("spec") or {}).get("nodeName")
+                    }
+                    fit = model.unbound_that_fit(
+                        r.nodes, r.by_name, bound_on, model.device_use(claims)
+                    )
+                    f.unbound_fit = len(fit)
+                    f.notes.append(
+                        f"{len(fit)} unbound pods would fit on a node at the end"
+                        + (f", e.g. {', '.join(fit[:5])}" if fit else "")
+                        + f"; {len(s.unschedulable)} were refused as unschedulable"
+                    )
+                    f.notes.append(f"kube-scheduler: {version}")
                     out.append(f)
                     _progress(f)
     finally:
@@ -304,7 +337,10 @@ def _main(a: argparse.Namespace) -> int:
     nodes = model.replicate(trace.load_nodes(units=model.UNITS), a.nodes, f"gss{tag}-")
     capacity = ds.capacity_milli(nodes)
     trace_pods = trace.load_pods(trace.trace_dir() / "openb_pod_list_default.csv")
-    pods = model.pods_for(trace_pods, a.seed, capacity, a.pods, a.max_arrived)
+    chosen = trace_pods
+    if a.min_gpus > 0:
+        chosen = [p for p in trace_pods if p.num_gpu >= a.min_gpus and p.gpu_milli >= 1000]
+    pods = model.pods_for(chosen, a.seed, capacity, a.pods, a.max_arrived)
     load = ds.workload(trace_pods)
     t0 = time.monotonic()
     sim = ds.simulate(nodes, pods, load)
@@ -314,12 +350,20 @@ def _main(a: argparse.Namespace) -> int:
            f"asking {arrived:.1f} % of the GPUs; simulator (fgd) {sim_alloc:.2f} % "
            f"in {time.monotonic() - t0:.0f}s")
     kwok_bin = cl.kwok_binary()
+    dra_scheduler = None
+    if "dra" in paths and a.dra_scheduler:
+        # Built (if it must be) before the lock is taken: a first build takes minutes.
+        dra_scheduler = cl.scheduler_binary(a.dra_scheduler, Path(info.env["K8S_BIN_DIR"]))
+        cl.log(f"dra path: {cl.binary_version(dra_scheduler)} ({dra_scheduler})")
     api = admin_client(info.env["KUBECONFIG"])
     rest = make_rest_client(info.env["KUBECONFIG"])
     results: list[model.PathFigures] = []
     with (
         cluster_lock(a.lock_timeout, on_wait=lambda: cl.log("waiting for the cluster lock...")),
-        tempfile.TemporaryDirectory(prefix="gs-scale-") as tmp,
+        _workdir(a.keep_dir) as tmp,
+        cl.controller_manager_qps(
+            Path(info.env["GPU_SHARE_CLUSTER_DIR"]), a.controller_manager_qps
+        ),
     ):
         env = cl.Env(api, k8s.CoreV1Api(api), k8s.CustomObjectsApi(api), rest,
                      info.env["KUBECONFIG"],
@@ -344,10 +388,17 @@ def _main(a: argparse.Namespace) -> int:
                 elif p == "extender":
                     results += run_extender(r, wl_file)
                 else:
-                    results += run_dra(r)
+                    results += run_dra(r, dra_scheduler)
                 # After every path: a run stopped later keeps what it measured.
                 report(a, len(nodes), capacity, pods, arrived, sim_alloc, results)
     return 0
+
+
+def _workdir(keep: str) -> contextlib.AbstractContextManager[str]:
+    if not keep:
+        return tempfile.TemporaryDirectory(prefix="gs-scale-")
+    Path(keep).mkdir(parents=True, exist_ok=True)
+    return contextlib.nullcontext(keep)
 
 
 def report(a: argparse.Namespace, n_nodes: int, capacity: int, pods: Sequence[Any],
@@ -364,6 +415,8 @@ def report(a: argparse.Namespace, n_nodes: int, capacity: int, pods: Sequence[An
         doc = {
             "nodes": n_nodes, "gpus": capacity // 1000, "pods": len(pods), "seed": a.seed,
             "arrived_pct": arrived, "sim_alloc_pct": sim_alloc,
+            "dra_scheduler": a.dra_scheduler, "min_gpus": a.min_gpus,
+            "controller_manager_qps": a.controller_manager_qps,
             "paths": [{**asdict(f), "pods_per_s": f.pods_per_s} for f in results],
         }
         Path(a.out).write_text(json.dumps(doc))

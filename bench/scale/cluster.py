@@ -11,6 +11,7 @@ import json
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -260,14 +261,57 @@ def scheduler_config(
     return cfg
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def scheduler_binary(spec: str, k8s_bin: Path) -> Path:
+    """The kube-scheduler binary of ``--dra-scheduler``: empty = the local cluster's
+    (``k8s_bin``), ``1.36`` = the one hack/cluster/build.sh builds from hack/k8s-136
+    (built and cached on first use: minutes), else the path of a kube-scheduler binary."""
+    if not spec:
+        return k8s_bin / "kube-scheduler"
+    if spec == "1.36":
+        build = REPO / "hack" / "cluster" / "build.sh"
+        log("kube-scheduler 1.36: hack/cluster/build.sh k8s-136 (cached after the first build)")
+        subprocess.run(["bash", str(build), "k8s-136"], check=True, stdout=sys.stderr)
+        out = subprocess.run(["bash", str(build), "k8s-136-dir"], check=True,
+                             capture_output=True, text=True)
+        return Path(out.stdout.strip()) / "bin" / "kube-scheduler"
+    path = Path(spec).resolve()
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise FileNotFoundError(f"--dra-scheduler: {spec} is not an executable file")
+    return path
+
+
+def binary_version(binary: Path) -> str:
+    """What ``BINARY --version`` says (``Kubernetes v1.36.3``)."""
+    out = subprocess.run([str(binary), "--version"], capture_output=True, text=True,
+                         check=True, timeout=60)
+    return out.stdout.strip()
+
+
 @contextlib.contextmanager
 def kube_scheduler(
-    env: Env, name: str, cfg: Mapping[str, Any], gates: str = ""
+    env: Env, name: str, cfg: Mapping[str, Any], gates: str = "", binary: Path | None = None
 ) -> Iterator[subprocess.Popen[bytes]]:
+    """kube-scheduler (the local cluster's, or ``binary``) serving the profile ``name``
+    beside the cluster's own scheduler, which leaves its pods alone (their schedulerName):
+    the same kubeconfig, config and gates whichever binary runs."""
     conf = env.workdir / f"{name}.yaml"
     conf.write_text(yaml.safe_dump(dict(cfg)))
     logf = env.workdir / f"{name}.log"
-    args = [str(env.k8s_bin / "kube-scheduler"), f"--config={conf}", "--secure-port=0", "--v=1"]
+    exe = binary or env.k8s_bin / "kube-scheduler"
+    # Served like the cluster's own scheduler (hack/local-up-cluster.sh start_component):
+    # /debug/pprof and /metrics on 127.0.0.1, for the admin's client certificate.
+    port = _free_port()
+    args = [
+        str(exe), f"--config={conf}", "--bind-address=127.0.0.1", f"--secure-port={port}",
+        f"--authentication-kubeconfig={env.kubeconfig}",
+        f"--authorization-kubeconfig={env.kubeconfig}", "--v=1",
+    ]
     if gates:
         args.append(f"--feature-gates={gates}")
     with logf.open("w") as out:
@@ -280,10 +324,48 @@ def kube_scheduler(
             return "Starting Kubernetes Scheduler" in logf.read_text(errors="replace")
 
         wait_for("kube-scheduler to start", up, 120)
+        log(f"  kube-scheduler {name} (pid {proc.pid}): https://127.0.0.1:{port} "
+            f"(/debug/pprof, /metrics), log {logf}")
         time.sleep(3)  # its informers sync after the start line
         yield proc
     finally:
         _stop(proc)
+
+
+def _kcm_qps(cluster_dir: Path) -> str:
+    """The running kube-controller-manager's --kube-api-qps ("" = its default)."""
+    pid = (cluster_dir / "run" / "kube-controller-manager.pid").read_text().strip()
+    args = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    return next((a.split("=", 1)[1] for a in args if a.startswith("--kube-api-qps=")), "")
+
+
+def _restart_kcm(qps: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "GPU_SHARE_KCM_API_QPS"}
+    if qps:
+        env["GPU_SHARE_KCM_API_QPS"] = qps
+    subprocess.run(
+        ["bash", str(REPO / "hack" / "local-up-cluster.sh"), "restart-controller-manager"],
+        env=env, check=True, stdout=sys.stderr, timeout=300,
+    )
+
+
+@contextlib.contextmanager
+def controller_manager_qps(cluster_dir: Path, qps: int) -> Iterator[None]:
+    """The local cluster's kube-controller-manager restarted with --kube-api-qps ``qps``
+    (burst twice that) for the block, then restarted as it ran before (also on errors);
+    ``qps`` 0 leaves it alone. Each of its controllers has a client at that rate: DRA
+    pods' claims are made by the resource claim controller, two writes a pod."""
+    if qps <= 0:
+        yield
+        return
+    before = _kcm_qps(cluster_dir)
+    log(f"kube-controller-manager: --kube-api-qps {qps} (was {before or 'its default, 20'})")
+    try:
+        _restart_kcm(str(qps))
+        yield
+    finally:
+        log(f"kube-controller-manager: back to --kube-api-qps {before or 'its default'}")
+        _restart_kcm(before)
 
 
 @dataclass

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 from bench import dra_stream as ds
 from bench.replay import trace
 from gpu_share.sharing.placement import NodeSlots
+from gpu_share.sharing.quantity import parse_quantity
 
 UNITS = ds.UNITS
 # kwok's own convention: it manages nodes carrying this annotation (and only those).
@@ -150,6 +152,70 @@ def _chosen(
     return [d for _, d in fits[:n]] if len(fits) >= n else None
 
 
+def device_use(
+    claims: Iterable[Mapping[str, Any]], driver: str = ds.DRIVER
+) -> dict[str, dict[str, int]]:
+    """Units taken per device (node -> device -> units, rounded up; the larger of cores and
+    memory) by the allocated claims' ``consumedCapacity`` (pool = node name)."""
+    per: dict[str, dict[str, list[Fraction]]] = {}
+    for c in claims:
+        alloc = (c.get("status") or {}).get("allocation") or {}
+        for r in (alloc.get("devices") or {}).get("results") or []:
+            if r.get("driver") != driver:
+                continue
+            used = r.get("consumedCapacity") or {}
+            acc = per.setdefault(str(r.get("pool")), {}).setdefault(
+                str(r.get("device")), [Fraction(0), Fraction(0)]
+            )
+            acc[0] += parse_quantity(used.get("cores", 0))
+            acc[1] += parse_quantity(used.get("memory", 0)) / (ds.UNIT_MIB * 2**20)
+    return {
+        node: {d: int(-(-max(c, m) // 1)) for d, (c, m) in devs.items()}
+        for node, devs in per.items()
+    }
+
+
+def unbound_that_fit(
+    nodes: Sequence[NodeSlots],
+    pods: Mapping[str, trace.TracePod],
+    bound_on: Mapping[str, str],
+    used: Mapping[str, Mapping[str, int]],
+) -> list[str]:
+    """The pods not bound (names of ``pods`` missing from ``bound_on``, pod -> node) that
+    would still fit on some node at the end: its CPU and memory left after the bound
+    pods' requests, and enough devices with the units left (``used``: ``device_use``).
+    Capacity only shrinks during a stream, so such a pod also fitted whenever it was
+    tried: a scheduler that keeps up leaves none."""
+    cpu = {n.name: n.cpu_free for n in nodes}
+    mem = {n.name: n.host_memory_free for n in nodes}
+    for name, node in bound_on.items():
+        p = pods[name]
+        if cpu.get(node) is not None:
+            cpu[node] = int(cpu[node] or 0) - p.cpu_milli
+        if mem.get(node) is not None:
+            mem[node] = int(mem[node] or 0) - p.memory_mib
+    free = {
+        n.name: [UNITS - u for u in used.get(n.name, {}).values()]
+        + [UNITS] * (len(n.devices) - len(used.get(n.name, {})))
+        for n in nodes
+    }
+    memo: dict[tuple[int, int, int, int], bool] = {}
+
+    def fits(p: trace.TracePod) -> bool:
+        k, units = _ask(p)
+        key = (k, units, p.cpu_milli, p.memory_mib)
+        if key not in memo:
+            memo[key] = any(
+                (cpu[n] is None or int(cpu[n] or 0) >= p.cpu_milli)
+                and (mem[n] is None or int(mem[n] or 0) >= p.memory_mib)
+                and sum(1 for f in free[n] if f >= units) >= k
+                for n in free
+            )
+        return memo[key]
+
+    return [name for name, p in pods.items() if name not in bound_on and fits(p)]
+
+
 # ---------------------------------------------------------------- figures
 
 
@@ -176,6 +242,8 @@ class PathFigures:
     view_mib: float = float("nan")  # the extender's RSS growth from its list+watch sync
     cpu_s: float = float("nan")  # the extender's CPU during the stream
     api_requests: int = -1  # requests our component sent to the API server
+    # DRA: pods left unbound that would fit on some node at the end (-1 = not counted)
+    unbound_fit: int = -1
     notes: list[str] = field(default_factory=list)
 
     @property

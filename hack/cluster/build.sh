@@ -8,6 +8,9 @@
 #   hack/cluster/build.sh containerd
 #                                 containerd, containerd-shim-runc-v2 and ctr from
 #                                 the github.com/containerd/containerd module (CDI)
+#   hack/cluster/build.sh k8s-136 kube-scheduler alone from k8s.io/kubernetes v1.36
+#                                 (hack/k8s-136/go.mod): bench.scale --dra-scheduler 1.36
+#                                 runs the DRA path on it; not part of `all`
 #   hack/cluster/build.sh all
 #
 # Outputs go to ${GPU_SHARE_CACHE:-$HOME/.cache/gpu-share}/<name>-<version>/bin
@@ -22,12 +25,15 @@ LOG_PREFIX=build
 CACHE_DIR="${GPU_SHARE_CACHE:-$HOME/.cache/gpu-share}"
 # The version is the one hack/k8s/go.mod requires (one place to change it).
 K8S_VERSION="${K8S_VERSION:-$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" {print $3}' "${HACK_DIR}/k8s/go.mod")}"
+# kube-scheduler v1.36 (its DRA allocator; the cluster itself stays on K8S_VERSION).
+K8S_136_VERSION="${K8S_136_VERSION:-$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" {print $3}' "${HACK_DIR}/k8s-136/go.mod")}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 # 1.7 is the newest line that still reads the version-2 config of
 # hack/templates/containerd-config.toml and supports cgroup v1 fully; it has CDI.
 CONTAINERD_VERSION="${CONTAINERD_VERSION:-v1.7.35}"
 
 k8s_dir() { echo "${CACHE_DIR}/k8s-${K8S_VERSION}"; }
+k8s_136_dir() { echo "${CACHE_DIR}/kube-scheduler-${K8S_136_VERSION}"; }
 etcd_dir() { echo "${CACHE_DIR}/etcd-${ETCD_VERSION}"; }
 containerd_dir() { echo "${CACHE_DIR}/containerd-${CONTAINERD_VERSION}"; }
 
@@ -69,25 +75,47 @@ go_build() {
 
 # The Kubernetes build takes tens of minutes on 2 cores: a progress line a minute.
 PROGRESS_EVERY=60
-build_k8s() {
-  local dir; dir="$(k8s_dir)"
-  start_build "${dir}" "Kubernetes ${K8S_VERSION}" || return 0
-  local minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
-  local ld="-s -w"
-  local p
+# k8s_ldflags VERSION : -ldflags stamping VERSION into the binaries (what --version and the
+# API server's /version clients see).
+k8s_ldflags() {
+  local version="$1" minor="${1#v1.}" ld="-s -w" p
+  minor="${minor%%.*}"
   for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ld+=" -X ${p}.gitVersion=${K8S_VERSION}"
+    ld+=" -X ${p}.gitVersion=${version}"
     ld+=" -X ${p}.gitMajor=1 -X ${p}.gitMinor=${minor}"
     ld+=" -X ${p}.gitTreeState=clean"
     ld+=" -X ${p}.buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
   done
-  go_build Kubernetes "${K8S_VERSION}" "${dir}" "${HACK_DIR}/k8s" "${ld}" \
+  echo "${ld}"
+}
+
+build_k8s() {
+  local dir; dir="$(k8s_dir)"
+  start_build "${dir}" "Kubernetes ${K8S_VERSION}" || return 0
+  go_build Kubernetes "${K8S_VERSION}" "${dir}" "${HACK_DIR}/k8s" "$(k8s_ldflags "${K8S_VERSION}")" \
     k8s.io/kubernetes/cmd/kube-apiserver \
     k8s.io/kubernetes/cmd/kube-controller-manager \
     k8s.io/kubernetes/cmd/kube-scheduler \
     k8s.io/kubernetes/cmd/kubelet \
     k8s.io/kubernetes/cmd/kubectl \
     k8s.io/kubernetes/test/images/sample-device-plugin
+}
+
+# kube-scheduler alone, from hack/k8s-136 (its modules come from the module proxy the
+# first time). Builds of one cache dir take turns under its .lock: parallel test runs may
+# ask for it at once.
+build_k8s_136() {
+  local dir; dir="$(k8s_136_dir)"
+  mkdir -p "${dir}"
+  exec 8>"${dir}/.lock"
+  if ! flock -n 8; then
+    log "waiting for another build of kube-scheduler ${K8S_136_VERSION}"
+    flock 8
+  fi
+  start_build "${dir}" "kube-scheduler ${K8S_136_VERSION}" || return 0
+  go_build kube-scheduler "${K8S_136_VERSION}" "${dir}" "${HACK_DIR}/k8s-136" \
+    "$(k8s_ldflags "${K8S_136_VERSION}")" k8s.io/kubernetes/cmd/kube-scheduler
+  "${dir}/bin/kube-scheduler" --version >/dev/null || die "the built kube-scheduler does not run"
 }
 
 build_etcd() {
@@ -115,11 +143,13 @@ build_containerd() {
 
 case "${1:-all}" in
   k8s) build_k8s ;;
+  k8s-136) build_k8s_136 ;;
   etcd) build_etcd ;;
   containerd) build_containerd ;;
   all) build_etcd; build_k8s; build_containerd ;;
   k8s-dir) k8s_dir ;;
+  k8s-136-dir) k8s_136_dir ;;
   etcd-dir) etcd_dir ;;
   containerd-dir) containerd_dir ;;
-  *) echo "usage: $0 k8s|etcd|containerd|all|k8s-dir|etcd-dir|containerd-dir" >&2; exit 2 ;;
+  *) echo "usage: $0 k8s|k8s-136|etcd|containerd|all|k8s-dir|k8s-136-dir|etcd-dir|containerd-dir" >&2; exit 2 ;;
 esac

@@ -186,3 +186,39 @@ def test_viewmem_pods_carry_the_decision_the_view_trusts() -> None:
     # Every decision is trusted: the view's devices hold exactly what the simulator put.
     free = sum(d.memory_free for n in nodes if (s := view.node(n.name)) for d in s.devices)
     assert sum(len(n.devices) for n in nodes) * model.UNITS - free == used * model.UNITS // 1000
+
+
+def _claim(node: str, device: str, cores: int, memory_gib: int, driver: str = ds.DRIVER) -> dict:
+    result = {"driver": driver, "pool": node, "device": device,
+              "consumedCapacity": {"cores": str(cores), "memory": f"{memory_gib}Gi"}}
+    return {"status": {"allocation": {"devices": {"results": [result]}}}}
+
+
+def test_device_use_sums_the_claims_per_device_rounding_up() -> None:
+    claims = [
+        _claim("a", "gpu-0", 30, 30), _claim("a", "gpu-0", 25, 20), _claim("a", "gpu-1", 100, 100),
+        _claim("b", "gpu-0", 5, 7), _claim("b", "gpu-0", 50, 50, driver="other.example.com"),
+        {"status": {}},  # not allocated
+    ]
+    assert model.device_use(claims) == {"a": {"gpu-0": 55, "gpu-1": 100}, "b": {"gpu-0": 7}}
+    half = {"status": {"allocation": {"devices": {"results": [{
+        "driver": ds.DRIVER, "pool": "c", "device": "gpu-0",
+        "consumedCapacity": {"cores": "1", "memory": "1536Mi"}}]}}}}
+    assert model.device_use([half]) == {"c": {"gpu-0": 2}}  # 1.5 units of memory
+
+
+def test_unbound_that_fit_counts_devices_cpu_and_memory_left() -> None:
+    nodes = [_node("a", 2), _node("b", 8)]
+    pods = {
+        "whole8": _pod("whole8", 8, 1000), "whole2": _pod("whole2", 2, 1000),
+        "half": _pod("half", 1, 500), "bound": _pod("bound", 1, 1000),
+    }
+    # b has 7 of 8 devices free; a has one device with 50 units left.
+    used = {"a": {"gpu-0": 50, "gpu-1": 100}, "b": {"gpu-3": 100}}
+    got = model.unbound_that_fit(nodes, pods, {"bound": "b"}, used)
+    assert got == ["whole2", "half"]  # 8 whole GPUs fit nowhere; "bound" is not counted
+    # No CPU left on b: whole2 fits nowhere (a has no whole device), half still fits on a.
+    big = {**pods, "hog": trace.TracePod("hog", 64000 - 4000, 8192, 1, 10, "")}
+    got = model.unbound_that_fit(nodes, big, {"bound": "b", "hog": "b"}, used)
+    assert got == ["half"]
+    assert model.unbound_that_fit(nodes, pods, {}, {}) == ["whole8", "whole2", "half", "bound"]
