@@ -40,6 +40,7 @@ from gpu_share.sharing.placement import (
 )
 from gpu_share.sharing.quantity import parse_quantity
 from testkit import scheduler as testkit_scheduler
+from testkit.jsonpatch import apply_patch
 
 UNITS = 100  # memory units and cores per device, as the product (and the extender test)
 UNIT_MIB = 1024  # one memory unit is 1 GiB
@@ -211,41 +212,8 @@ def dra_pod(
     """``pod`` as the admission webhook leaves it: its patch applied (the templates to
     create are in the translation)."""
     t = translate_pod(pod, namespace, settings)
-    return apply_patch(pod, t.patch), t
-
-
-def apply_patch(doc: Mapping[str, Any], ops: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """The RFC 6902 ``add``/``remove`` operations the webhook writes, on a deep copy."""
-    out: dict[str, Any] = _copy(doc)
-    for op in ops:
-        tokens = [
-            t.replace("~1", "/").replace("~0", "~") for t in str(op["path"]).split("/")[1:]
-        ]
-        parent: Any = out
-        for t in tokens[:-1]:
-            parent = parent[int(t)] if isinstance(parent, list) else parent[t]
-        last = tokens[-1]
-        if op["op"] == "remove":
-            del parent[int(last) if isinstance(parent, list) else last]
-        elif op["op"] == "add" and isinstance(parent, list):
-            value = _copy(op["value"])
-            if last == "-":
-                parent.append(value)
-            else:
-                parent.insert(int(last), value)
-        elif op["op"] == "add":
-            parent[last] = _copy(op["value"])
-        else:
-            raise ValueError(f"unsupported patch operation {op['op']!r}")
-    return out
-
-
-def _copy(v: Any) -> Any:
-    if isinstance(v, Mapping):
-        return {k: _copy(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_copy(x) for x in v]
-    return v
+    out: dict[str, Any] = apply_patch(pod, t.patch)
+    return out, t
 
 
 # ---------------------------------------------------------------- figures

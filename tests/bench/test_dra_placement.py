@@ -12,6 +12,7 @@ from bench.replay import trace
 from gpu_share.sharing.dra.slices import device_name
 from gpu_share.sharing.placement import DeviceSlot, NodeSlots
 from gpu_share.sharing.quantity import parse_quantity
+from testkit.jsonpatch import PatchError, apply_patch
 
 
 def _pod(name: str, gpus: int, milli: int, cpu: int = 1000, mem: int = 1024) -> trace.TracePod:
@@ -108,21 +109,24 @@ def test_dra_pod_is_the_webhooks_rewrite_of_the_extender_pod(
     assert vcuda["spec"]["containers"][0]["resources"]["limits"]
 
 
-def test_apply_patch_add_remove_append_and_escapes() -> None:
-    doc = {"a": {"b/c": 1, "l": [1, 2]}}
-    out = ds.apply_patch(
+def test_apply_patch_add_remove_replace_append_and_escapes() -> None:
+    doc = {"a": {"b/c": 1, "l": [1, 2], "r": "4"}}
+    out = apply_patch(
         doc,
         [
             {"op": "remove", "path": "/a/b~1c"},
             {"op": "add", "path": "/a/l/-", "value": 3},
             {"op": "add", "path": "/a/l/0", "value": 0},
             {"op": "add", "path": "/z", "value": {"k": [1]}},
+            {"op": "replace", "path": "/a/r", "value": "0"},
         ],
     )
-    assert out == {"a": {"l": [0, 1, 2, 3]}, "z": {"k": [1]}}
-    assert doc == {"a": {"b/c": 1, "l": [1, 2]}}
-    with pytest.raises(ValueError):
-        ds.apply_patch(doc, [{"op": "move", "path": "/a", "from": "/z"}])
+    assert out == {"a": {"l": [0, 1, 2, 3], "r": "0"}, "z": {"k": [1]}}
+    assert doc == {"a": {"b/c": 1, "l": [1, 2], "r": "4"}}
+    with pytest.raises(PatchError):
+        apply_patch(doc, [{"op": "move", "path": "/a", "from": "/z"}])
+    with pytest.raises(PatchError):
+        apply_patch(doc, [{"op": "replace", "path": "/a/missing", "value": 1}])
 
 
 def test_allocation_and_cores_count_bound_pods_only() -> None:

@@ -479,3 +479,22 @@ def test_cert_manager_issues_and_injects_instead(helm: str) -> None:
     )
     assert not by_kind(own, "Issuer")
     assert one(own, "Certificate", NAME)["spec"]["issuerRef"] == json.loads(ref)
+
+
+def test_with_the_scheduler_pods_are_marked_for_the_extender() -> None:
+    """With scheduler.enabled the webhook keeps a translated pod's vcuda keys at 0 (so
+    kube-scheduler asks the extender about it), the extender knows the DRA driver whose
+    claims it reads at bind, and may read them."""
+    plain = render(helm_path(4), sets=ON)
+    assert "--mark-for-extender" not in _args(plain)
+    objs = render(helm_path(4), sets=[*ON, "scheduler.enabled=true"])
+    assert "--mark-for-extender" in _args(objs)
+    a = parse_args(_args(objs))
+    assert settings_of(a).mark_for_extender
+    containers = [c for d in by_kind(objs, "Deployment")
+                  for c in d["spec"]["template"]["spec"]["containers"] if c["name"] == "extender"]
+    assert containers and all(f"--dra-driver={DRIVER}" in c["args"] for c in containers)
+    rules = [r for cr in by_kind(objs, "ClusterRole") if cr["metadata"]["name"].endswith(
+        "-extender") for r in cr["rules"]]
+    assert {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"],
+            "verbs": ["get"]} in rules

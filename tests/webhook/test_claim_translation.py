@@ -22,7 +22,7 @@ from gpu_share.sharing.dra.claim_translation import (
     translate_pod,
 )
 from gpu_share.sharing.model import ResourceNames
-from tests.webhook.jsonpatch import PatchError, apply_patch
+from testkit.jsonpatch import PatchError, apply_patch
 
 MEM, CORE = "vendor.com/vcuda-memory", "vendor.com/vcuda-core"
 S = TranslationSettings(ResourceNames(MEM, CORE), 1024)
@@ -430,3 +430,40 @@ def test_patch_applier_is_strict() -> None:
         apply_patch({"a": {}}, [{"op": "remove", "path": "/a/b"}])
     with pytest.raises(PatchError):
         apply_patch({"a": {}}, [{"op": "add", "path": "/x/y", "value": 1}])
+
+
+# ---------------------------------------------------------------- marked for the extender
+
+MARKED = TranslationSettings(ResourceNames(MEM, CORE), 1024, mark_for_extender=True)
+
+
+def test_marked_pod_keeps_its_vcuda_keys_at_zero() -> None:
+    p = pod(ctr("main", "4", "30"), ctr("side"))
+    out = apply_patch(p, translate_pod(p, "ns", MARKED).patch)
+    res = out["spec"]["containers"][0]["resources"]
+    assert res["limits"] == {"cpu": "1", MEM: "0", CORE: "0"}
+    assert res["requests"] == {"cpu": "1", MEM: "0", CORE: "0"}
+    assert res["claims"] == [{"name": "gpu-share-main"}]
+    assert out["spec"]["containers"][1] == p["spec"]["containers"][1]
+    # Called again after a later webhook changed the pod: left alone.
+    assert translate_pod(out, "ns", MARKED).already_done
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(0, 40), st.sampled_from([0, 10, 30, 99, 100, 200])),
+                min_size=1, max_size=3))
+def test_the_extender_reads_back_what_the_pod_asked(asks: list[tuple[int, int]]) -> None:
+    from gpu_share.sharing.placement.pod_request import parse_pod_request
+
+    p = pod(*(ctr(f"c{i}", str(m), str(c)) for i, (m, c) in enumerate(asks)))
+    try:
+        t = translate_pod(p, "ns", MARKED)
+    except ClaimRequestError:
+        return  # refused shapes (e.g. memory with whole devices) never reach a scheduler
+    out = apply_patch(p, t.patch)
+    before = parse_pod_request(p, MEM, CORE, placement=False)
+    after = parse_pod_request(out, MEM, CORE, placement=False, claims=True)
+    assert after.asking == before.asking
+    assert after.from_claims == bool(before.asking)
+    # Without reading claims the marked pod asks nothing of the node (a 0 amount).
+    assert not parse_pod_request(out, MEM, CORE, placement=False).uses_ours

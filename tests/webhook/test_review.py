@@ -15,7 +15,7 @@ from gpu_share.kube.rest import ApiError
 from gpu_share.sharing.dra.claim_translation import TranslationSettings
 from gpu_share.sharing.model import ResourceNames
 from gpu_share.webhook.review import INTERNAL_ERROR, MAX_DEPTH, Mutator
-from tests.webhook.jsonpatch import apply_patch
+from testkit.jsonpatch import apply_patch
 
 MEM, CORE = "vendor.com/vcuda-memory", "vendor.com/vcuda-core"
 S = TranslationSettings(ResourceNames(MEM, CORE), 1024)

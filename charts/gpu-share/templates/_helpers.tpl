@@ -370,6 +370,10 @@ Service: HTTPS requiring a client certificate of the CA in ca.crt; probed by TCP
     - --policy={{ $ext.policy }}
     - --default-workload={{ $ext.defaultWorkload }}
     - --model-label={{ $ext.modelLabel }}
+    {{- if $root.Values.webhook.enabled }}
+    # DRA pods: the driver whose claim results are our devices (read at bind).
+    - --dra-driver={{ (include "gpu-share.webhookSettings" $root | fromJson).driver }}
+    {{- end }}
     - --max-body-bytes={{ int $ext.maxBodyBytes }}
     - --read-timeout-seconds={{ $ext.readTimeoutSeconds }}
     - --idle-timeout-seconds={{ $ext.idleTimeoutSeconds }}

@@ -18,13 +18,14 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from gpu_share.cli.server_flags import add_server_flags, server_limits
-from gpu_share.config.model import ResourcesConfig
+from gpu_share.config.model import DEFAULT_DRA_DRIVER, ResourcesConfig
 from gpu_share.errors import UsageError
 from gpu_share.extender.core import Extender, ExtenderSettings
 from gpu_share.extender.http import EXTENDER_LIMITS, make_server
 from gpu_share.extender.ports import ClusterView
 from gpu_share.kube.binder import KubeBinder
 from gpu_share.kube.cluster_view import KubeClusterView
+from gpu_share.kube.resourceclaims import KubeClaimReader
 from gpu_share.kube.rest import make_rest_client
 from gpu_share.observability.http import (
     BoundedServer,
@@ -162,6 +163,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="node label naming the GPU model (nodeSelector/affinity on it restrict models)",
     )
     ap.add_argument(
+        "--dra-driver",
+        default=env("GPU_SHARE_DRA_DRIVER", DEFAULT_DRA_DRIVER),
+        help="DRA pods: the driver whose claim results are gpu-share devices (read at bind)",
+    )
+    ap.add_argument(
         "--metrics-port",
         type=_port,
         default=env("GPU_SHARE_EXTENDER_METRICS_PORT", "0"),
@@ -244,9 +250,11 @@ def _extender(
         on_untrusted=metrics.observe_untrusted,
     )
     metrics.registry.collectors.append(lambda: metrics.set_view(*view.stats()))
-    settings = ExtenderSettings(names, a.domain, key, model_label=a.model_label)
+    settings = ExtenderSettings(names, a.domain, key, model_label=a.model_label,
+                                dra_driver=a.dra_driver)
     ext = Extender(
-        settings, view, KubeBinder(api), _policy_factory(a.policy), on_bind=metrics.observe_bind
+        settings, view, KubeBinder(api), _policy_factory(a.policy), on_bind=metrics.observe_bind,
+        claims=KubeClaimReader(api),
     )
     return view, ext
 

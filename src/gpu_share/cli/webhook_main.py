@@ -53,6 +53,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="MiB per memory unit: the agents' memoryUnitMiB")
     ap.add_argument("--device-class", default=env("GPU_SHARE_DEVICE_CLASS",
                                                   DEFAULT_DEVICE_CLASS))
+    ap.add_argument("--mark-for-extender", action="store_true",
+                    default=env("GPU_SHARE_WEBHOOK_MARK_FOR_EXTENDER", "") == "true",
+                    help="keep the vcuda keys of a translated pod at 0, so the gpu-share "
+                         "scheduler extender ranks its nodes (the chart sets it with "
+                         "scheduler.enabled)")
     add_server_flags(ap, "GPU_SHARE_WEBHOOK", WEBHOOK_LIMITS)
     ap.add_argument("--api-budget-seconds", type=float,
                     default=env("GPU_SHARE_WEBHOOK_API_BUDGET_SECONDS", "2"),
@@ -79,7 +84,8 @@ def settings_of(a: argparse.Namespace) -> TranslationSettings:
         why = "; ".join(str(err["msg"]) for err in e.errors())
         raise UsageError(f"invalid settings: {why}"[:500]) from None
     names = ResourceNames(f"{a.domain}/{a.memory_name}", f"{a.domain}/{a.core_name}")
-    return TranslationSettings(names, a.memory_unit_mib, a.device_class)
+    return TranslationSettings(names, a.memory_unit_mib, a.device_class,
+                               mark_for_extender=a.mark_for_extender)
 
 
 def namespace_label_of(a: argparse.Namespace) -> tuple[str, str]:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpu_share.config.model import DEFAULT_DRA_DRIVER
 from gpu_share.errors import BindRefused
 from gpu_share.extender.api import (
     ExtenderArgs,
@@ -18,7 +19,8 @@ from gpu_share.extender.api import (
     ExtenderFilterResult,
     HostPriority,
 )
-from gpu_share.extender.ports import Binder, ClusterView
+from gpu_share.extender.dra_bind import Claimed, claimed_devices, dra_placement
+from gpu_share.extender.ports import Binder, ClaimSource, ClusterView
 from gpu_share.sharing.decision import ContainerDecision, Decision, decision_key, sign
 from gpu_share.sharing.model import ResourceNames
 from gpu_share.sharing.placement import (
@@ -33,6 +35,7 @@ from gpu_share.sharing.placement import (
     model_free,
     node_key,
 )
+from gpu_share.sharing.placement.first_fit import FirstFitScores
 from gpu_share.sharing.placement.pod_models import DEFAULT_MODEL_LABEL
 from gpu_share.sharing.placement.pod_request import PodRequest, parse_pod_request
 
@@ -47,6 +50,7 @@ _SCORED_PODS = 32  # pod shapes whose per-node scores are kept (prioritize follo
 _KEYED_NODES = 200_000  # bound on the node -> node_key cache
 Score = tuple[float, ...]
 _Prices = tuple[tuple[str, float], ...]
+Scorer = PodScores | FirstFitScores
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,7 @@ class ExtenderSettings:
     domain: str
     key: bytes
     model_label: str = DEFAULT_MODEL_LABEL  # node label naming the GPU model
+    dra_driver: str = DEFAULT_DRA_DRIVER  # whose claim results are our devices
 
 
 def pod_ask(pod: Mapping[str, Any], settings: ExtenderSettings) -> PodRequest:
@@ -62,7 +67,8 @@ def pod_ask(pod: Mapping[str, Any], settings: ExtenderSettings) -> PodRequest:
     ValueError) on a malformed quantity, models annotation or affinity."""
     names = settings.resources
     return parse_pod_request(
-        pod, names.memory, names.core, domain=settings.domain, model_label=settings.model_label
+        pod, names.memory, names.core, domain=settings.domain,
+        model_label=settings.model_label, claims=True,
     )
 
 
@@ -98,9 +104,12 @@ class Extender:
         policy_factory: Callable[[ClusterView], ClusterPolicy],
         clock: Callable[[], float] = time.time,
         on_bind: Callable[[str], None] | None = None,
+        claims: ClaimSource | None = None,
     ) -> None:
-        """``on_bind(outcome)``: called once per bind (``BIND_*``; a metric hook)."""
+        """``on_bind(outcome)``: called once per bind (``BIND_*``; a metric hook).
+        ``claims``: reads a DRA pod's allocated claims at bind (None: predicted)."""
         self.settings = settings
+        self._claims = claims
         self._on_bind = on_bind or _no_hook
         self.view = view
         self.binder = binder
@@ -113,7 +122,7 @@ class Extender:
         # (demand, prices) -> its PodScores: prioritize reuses filter's, later pods of the
         # same shape reuse both (same policy object; the scores are keyed by node
         # content, so a node that changed is scored afresh).
-        self._scored: OrderedDict[tuple[PodDemand, _Prices], PodScores] = OrderedDict()
+        self._scored: OrderedDict[tuple[PodDemand, _Prices, bool], Scorer] = OrderedDict()
         # node -> (the NodeSlots the view returned, the id of its node_key): the view hands
         # back the same object while nothing on the node changed, so the key is built and
         # hashed once. Ids are never reused, so a cleared table only costs misses.
@@ -153,34 +162,43 @@ class Extender:
         self._keys[name] = (node, kid)
         return kid
 
-    def _pod_scores(self, policy: ClusterPolicy, demand: PodDemand, prices: _Prices) -> PodScores:
-        """The PodScores of an earlier request that answers alike, else a new one."""
-        key = (demand, prices)
+    def _pod_scores(
+        self, policy: ClusterPolicy, demand: PodDemand, prices: _Prices, first: bool
+    ) -> Scorer:
+        """The scorer of an earlier request that answers alike, else a new one;
+        ``first``: a DRA pod, whose devices are the allocator's first fit."""
+        key = (demand, prices, first)
         with self._seen_lock:
             got = self._scored.get(key)
             if got is None or got.policy is not policy:
-                got = self._scored[key] = PodScores(policy, demand, dict(prices))
+                kind = FirstFitScores if first else PodScores
+                got = self._scored[key] = kind(policy, demand, dict(prices))
             self._scored.move_to_end(key)
             while len(self._scored) > _SCORED_PODS:
                 self._scored.popitem(last=False)
         return got
 
-    def _scores(self, names: list[str], demand: PodDemand) -> dict[str, Score | NoFit]:
+    def _scores(
+        self, names: list[str], demand: PodDemand, first: bool = False
+    ) -> dict[str, Score | NoFit]:
         """``_evaluate``'s answers without the device pick: the score of each fitting
         node, the NoFit of the others; one evaluation per distinct node state."""
-        out = self._raw(names, demand)
+        out = self._raw(names, demand, first)
         for n, r in out.items():
             if isinstance(r, NoFit) and r.node != n:
                 out[n] = NoFit(n, r.reason, r.cause)
         return out
 
-    def _raw(self, names: list[str], demand: PodDemand) -> dict[str, Score | NoFit]:
+    def _raw(
+        self, names: list[str], demand: PodDemand, first: bool = False
+    ) -> dict[str, Score | NoFit]:
         """``_scores`` where a NoFit may name another node (same reason): filter reads
         the reasons, prioritize the scores, so no NoFit is made per node."""
         policy = self._policy_factory(self.view)
         slots = self.view.nodes(names)
         free = model_free(s for s in slots.values() if s is not None) if policy.priced else {}
-        scorer = self._pod_scores(policy, demand, tuple(sorted(policy.prices(free).items())))
+        prices = tuple(sorted(policy.prices(free).items()))
+        scorer = self._pod_scores(policy, demand, prices, first)
         known, keys = scorer.known, self._keys
         out: dict[str, Score | NoFit] = {}
         for n, s in slots.items():
@@ -220,7 +238,9 @@ class Extender:
             }
         names = self._node_names(args)
         failed: dict[str, str] = {}
-        if reqs.uses_ours:
+        # A DRA pod's fit is kube-scheduler's own (its allocator, on the slices and
+        # claims): the extender only ranks the nodes that passed it (prioritize).
+        if reqs.uses_ours and not reqs.from_claims:
             said: dict[str, str] = {}  # reason -> its message: one string per reason
             for n, r in self._raw(names, reqs.demand()).items():
                 if isinstance(r, NoFit):
@@ -250,7 +270,7 @@ class Extender:
             reqs = PodRequest()
         if not reqs.uses_ours:
             return [{"Host": n, "Score": 0} for n in names]
-        evals = self._raw(names, reqs.demand())
+        evals = self._raw(names, reqs.demand(), reqs.from_claims)
         return ranked(names, {n: r for n, r in evals.items() if not isinstance(r, NoFit)})
 
     def bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:
@@ -264,10 +284,14 @@ class Extender:
         reqs = self._request_of(ns, name, uid)
         if not isinstance(reqs, PodRequest):
             return reqs
+        claimed = None
+        if reqs.from_claims and self._claims is not None:  # API reads: before the lock
+            claimed = claimed_devices(self.view, self._claims, ns, name, node,
+                                      self.settings.dra_driver)
         # Decide and reserve one bind at a time; the API calls run outside the lock, so
         # binds overlap (each sees the reservations of those before it).
         with self._lock:
-            decided = self._decide(uid, node, reqs)
+            decided = self._decide(uid, node, reqs, claimed)
             if isinstance(decided, str):
                 return BIND_NO_FIT, {"Error": f"gpu-share: {node}: {decided}"}
             annotations, shares = decided
@@ -300,7 +324,7 @@ class Extender:
             return BIND_INVALID_POD, {"Error": f"pod {ns}/{name}: {e}"}
 
     def _decide(
-        self, uid: str, node: str, reqs: PodRequest
+        self, uid: str, node: str, reqs: PodRequest, claimed: Claimed | None = None
     ) -> tuple[dict[str, str], dict[str, tuple[int, int]]] | str:
         """The signed decision's annotation and the shares it takes per device, or why the
         node cannot take the pod. Under ``_lock``."""
@@ -309,7 +333,14 @@ class Extender:
         asking = reqs.asking
         if not asking:
             return annotations, shares
-        r = self._evaluate([node], reqs.demand())[node]
+        if reqs.from_claims:  # allocated already: record what it got, never refuse
+            policy = self._policy_factory(self.view)
+            got = dra_placement(self.view.node(node), reqs.demand(), claimed, policy)
+            if got is None:
+                return annotations, shares
+            r: Placement | NoFit = got
+        else:
+            r = self._evaluate([node], reqs.demand())[node]
         if isinstance(r, NoFit):
             return r.reason
         decision = Decision(

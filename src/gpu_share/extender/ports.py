@@ -38,6 +38,13 @@ class ClusterView(Protocol):
         ...
 
 
+class ClaimSource(Protocol):
+    def get_claim(self, namespace: str, name: str) -> Mapping[str, Any]:
+        """The ResourceClaim as JSON; raises a ``GpuShareError`` when it cannot be read
+        (``kube.resourceclaims.KubeClaimReader``)."""
+        ...
+
+
 class Binder(Protocol):
     def annotate_and_bind(
         self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]

@@ -294,7 +294,8 @@ class KubeClusterView:
 
     def _ask(self, pod: Mapping[str, Any]) -> PodRequest:
         ask = read_pod_request(
-            pod, self._mem, self._cores, domain=self._domain, model_label=self._model_label
+            pod, self._mem, self._cores, domain=self._domain, model_label=self._model_label,
+            claims=True,  # a DRA pod counts by its claims' templates and the decision
         )
         if ask.problems and ask.uses_ours:  # quantities are validated; models are not
             meta = pod.get("metadata") or {}

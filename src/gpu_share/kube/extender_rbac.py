@@ -15,4 +15,6 @@ EXTENDER_RULES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     # The binding itself: POST /api/v1/namespaces/{ns}/bindings is authorized as
     # resource "bindings", not "pods/binding" (L3-tested).
     ("", "bindings", ("create",)),
+    # A DRA pod's claims, read at bind for the devices the scheduler allocated.
+    ("resource.k8s.io", "resourceclaims", ("get",)),
 )

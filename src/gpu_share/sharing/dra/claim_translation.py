@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from gpu_share.sharing.claim_names import CLAIM_PREFIX, template_name
 from gpu_share.sharing.inventory import CORES_PER_DEVICE
 from gpu_share.sharing.model import ContainerView, ResourceNames
 from gpu_share.sharing.placement.pod_request import PodRequestError, amount, parse_pod_request
@@ -57,7 +58,6 @@ __all__ = [
 API_VERSION = "resource.k8s.io/v1"
 DEFAULT_DEVICE_CLASS = "gpu-share.vendor.com"
 REQUEST_NAME = "slice"
-CLAIM_PREFIX = "gpu-share-"
 MANAGED_BY = ("app.kubernetes.io/managed-by", "gpu-share")
 # resource.k8s.io AllocationResultsMaxSize: a claim allocates at most this many devices.
 MAX_DEVICES_PER_CLAIM = 32
@@ -81,6 +81,10 @@ class TranslationSettings:
     names: ResourceNames  # full resource names: vendor.com/vcuda-memory, ...-core
     memory_unit_mib: int  # MiB per memory unit (the agents' memoryUnitMiB)
     device_class: str = DEFAULT_DEVICE_CLASS
+    # Keep each vcuda key at "0" instead of removing it: kube-scheduler asks an extender
+    # about pods naming one of its managed resources (a zero amount fits any node), so
+    # the gpu-share extender ranks the DRA pod's nodes (docs/dra.md).
+    mark_for_extender: bool = False
 
 
 @dataclass(frozen=True)
@@ -100,7 +104,7 @@ class ClaimShape:
 
     @property
     def template_name(self) -> str:
-        return f"gpu-share-m{self.memory_units}-c{self.cores}"
+        return template_name(self.memory_units, self.cores)
 
     def capacity(self, unit_mib: int) -> dict[str, str]:
         """The capacity requests on each allocated device."""
@@ -236,16 +240,20 @@ def _carries_ours(spec: Mapping[str, Any]) -> bool:
 
 
 def _removals(
-    resources: Mapping[str, Any], base: tuple[str | int, ...], names: ResourceNames
+    resources: Mapping[str, Any], base: tuple[str | int, ...], s: TranslationSettings
 ) -> list[dict[str, Any]]:
+    """The vcuda keys go, or stay at "0" (``mark_for_extender``)."""
     ops = []
     for part in ("limits", "requests"):
         given = resources.get(part)
         if not isinstance(given, Mapping):
             continue
-        for name in (names.memory, names.core):
-            if name in given:
-                ops.append({"op": "remove", "path": _pointer(*base, "resources", part, name)})
+        for name in (s.names.memory, s.names.core):
+            if name not in given:
+                continue
+            path = _pointer(*base, "resources", part, name)
+            ops.append({"op": "replace", "path": path, "value": "0"} if s.mark_for_extender
+                       else {"op": "remove", "path": path})
     return ops
 
 
@@ -310,7 +318,7 @@ def _translate(pod: Any, namespace: str, s: TranslationSettings) -> Translation:
     for (field, i, c), view in zip(_slots(spec), views, strict=True):
         at = f"spec.{field}[{i}].resources"
         resources = section(c.get("resources"), at, ClaimRequestError)
-        ops += _removals(resources, ("spec", field, i), s.names)
+        ops += _removals(resources, ("spec", field, i), s)
         got = _container_claim(field, i, view, resources, s)
         if got is not None:
             claims.append(got)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, TypedDict, TypeVar, Unpack
 
 from gpu_share.errors import InputError
+from gpu_share.sharing.claim_names import template_shape
 from gpu_share.sharing.model import ContainerKind, ContainerRequest, ContainerView
 from gpu_share.sharing.placement import ANY_MODEL, Demand, ModelReq, PodDemand
 from gpu_share.sharing.placement.pod_models import DEFAULT_MODEL_LABEL, pod_models
@@ -63,6 +64,7 @@ class PodRequest:
     memory: int = 0
     models: ModelReq = ANY_MODEL
     problems: tuple[PodRequestError, ...] = ()
+    from_claims: bool = False  # a DRA pod: the asks are its gpu-share claims' templates
 
     @property
     def asking(self) -> dict[str, ContainerRequest]:
@@ -163,6 +165,51 @@ def _asks(
     )
 
 
+def _templates(spec: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
+    """Pod claim name -> (memory units, cores) of its gpu-share template, for the pod
+    claims made from one (``claim_names``); anything else is no ask of ours."""
+    items = spec.get("resourceClaims") or []
+    if not isinstance(items, list) or len(items) > MAX_CONTAINERS:
+        return {}
+    out: dict[str, tuple[int, int]] = {}
+    for item in items:
+        if isinstance(item, Mapping) and isinstance(item.get("name"), str):
+            shape = template_shape(item.get("resourceClaimTemplateName"))
+            if shape is not None:
+                out[item["name"]] = shape
+    return out
+
+
+def _claimed(c: Mapping[str, Any], templates: Mapping[str, tuple[int, int]]) -> ContainerRequest:
+    """What the container's gpu-share claims ask (several add up)."""
+    res = c.get("resources")
+    claims = res.get("claims") if isinstance(res, Mapping) else None
+    m = cores = 0
+    for ref in claims if isinstance(claims, list) else ():
+        shape = templates.get(str(ref.get("name"))) if isinstance(ref, Mapping) else None
+        if shape is not None:
+            m, cores = m + shape[0], cores + shape[1]
+    return ContainerRequest(min(m, MAX_AMOUNT), min(cores, MAX_AMOUNT))
+
+
+def _with_claims(
+    pod: Mapping[str, Any], views: tuple[ContainerView, ...]
+) -> tuple[tuple[ContainerView, ...], bool]:
+    """A DRA pod's containers (no vcuda amount asked) with their claims' asks, and
+    whether any claim asked; a pod asking vcuda amounts is read as it is."""
+    spec = pod.get("spec")
+    if any(not v.request.empty for v in views) or not isinstance(spec, Mapping):
+        return views, False
+    templates = _templates(spec)
+    if not templates:
+        return views, False
+    out = tuple(
+        ContainerView(v.name, v.kind, _claimed(c, templates))
+        for v, (c, _, _) in zip(views, _containers(spec), strict=True)
+    )
+    return out, any(not v.request.empty for v in out)
+
+
 def _host(pod: Mapping[str, Any]) -> tuple[int, int]:
     try:
         return pod_host_request(pod)
@@ -184,6 +231,7 @@ class RequestOptions(TypedDict, total=False):
     domain: str
     model_label: str
     placement: bool
+    claims: bool  # a pod asking no vcuda amount: read its gpu-share claims (DRA pools)
 
 
 def parse_pod_request(
@@ -223,12 +271,16 @@ def _pod_request(
     domain: str = "",
     model_label: str = DEFAULT_MODEL_LABEL,
     placement: bool = True,
+    claims: bool = False,
 ) -> PodRequest:
     none: tuple[ContainerView, ...] = ()
     containers = _part(problems, lambda: _asks(pod, memory, core, problems), none)
+    from_claims = False
+    if claims and containers:
+        containers, from_claims = _with_claims(pod, containers)
     if not placement:
-        return PodRequest(containers, problems=tuple(problems or ()))
+        return PodRequest(containers, problems=tuple(problems or ()), from_claims=from_claims)
     cpu, host_memory = _part(problems, lambda: _host(pod), (0, 0))
     models = _part(problems, lambda: _models(pod, domain, model_label), ANY_MODEL)
-    return PodRequest(containers, cpu, host_memory, models, tuple(problems or ()))
+    return PodRequest(containers, cpu, host_memory, models, tuple(problems or ()), from_claims)
 

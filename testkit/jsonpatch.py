@@ -1,4 +1,5 @@
-"""A tiny RFC 6902 applier (add, remove) for the tests: strict, so a patch the API
+"""A tiny RFC 6902 applier (add, remove, replace: what the webhook writes) for the tests
+and benches: strict, so a patch the API
 server would refuse (a missing parent, removing what is not there) raises here too."""
 
 from __future__ import annotations
@@ -65,6 +66,10 @@ def apply_patch(doc: Any, ops: Any) -> Any:
                 del parent[_index(parent, last, append_ok=False)]
             else:
                 raise PatchError("remove from a scalar")
+        elif op["op"] == "replace":  # RFC 6902: the member must exist
+            if not isinstance(parent, dict) or last not in parent:
+                raise PatchError(f"replace of missing member {last!r}")
+            parent[last] = copy.deepcopy(op["value"])
         else:
             raise PatchError(f"unsupported op {op['op']!r}")
     return out
