@@ -498,3 +498,21 @@ def test_with_the_scheduler_pods_are_marked_for_the_extender() -> None:
         "-extender") for r in cr["rules"]]
     assert {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"],
             "verbs": ["get"]} in rules
+
+
+def test_scheduler_feature_gates(helm: str) -> None:
+    """DRA pods on 1.34/1.35 need the chart's kube-scheduler to have consumable capacity
+    on (alpha there); the value is checked by the schema."""
+    gate = "scheduler.featureGates=DRAConsumableCapacity=true"
+    objs = render(helm_path(4), sets=[*ON, "scheduler.enabled=true", gate])
+    sched = [c for d in by_kind(objs, "Deployment")
+             for c in d["spec"]["template"]["spec"]["containers"] if c["name"] == "kube-scheduler"]
+    assert sched and all("--feature-gates=DRAConsumableCapacity=true" in c["command"]
+                         for c in sched)
+    plain = render(helm_path(4), sets=[*ON, "scheduler.enabled=true"])
+    assert not any(a.startswith("--feature-gates") for d in by_kind(plain, "Deployment")
+                   for c in d["spec"]["template"]["spec"]["containers"]
+                   for a in c.get("command", []))
+    err = render_error(helm, sets=[*ON, "scheduler.enabled=true",
+                                   "scheduler.featureGates=x; rm -rf /"])
+    assert "featureGates" in err, err

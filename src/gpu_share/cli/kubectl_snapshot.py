@@ -114,7 +114,7 @@ def _pod_info(obj: Mapping[str, Any], s: Settings) -> PodInfo:
         annotations={k: v for k, v in (meta.get("annotations") or {}).items()
                      if isinstance(v, str)},
         ask=read_pod_request(obj, names.memory, names.core, domain=s.domain,
-                             model_label=s.model_label),
+                             model_label=s.model_label, claims=True),  # as the extender
     )
 
 
