@@ -43,7 +43,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -410,32 +410,81 @@ def run_dra(
     env: Env, binary: Path, pods: Sequence[trace.TracePod], class_name: str, o: Options
 ) -> dict[str, ds.RunFigures]:
     sched = f"gs-dra-{env.tag}"
-    settings = ds.translation_settings(class_name)
-    out: dict[str, ds.RunFigures] = {}
     with dra_scheduler(env, binary, sched) as proc:
-        for mode in o.modes:
-            with namespace(env, f"gs-dra-{env.tag}-{mode}") as ns:
-                bodies, templates = [], {}
-                for i, p in enumerate(pods):
-                    body, t = ds.dra_pod(ds.vcuda_pod(f"p{i:04d}", p, sched, env.tag), ns, settings)
-                    bodies.append(body)
-                    templates.update({tb["metadata"]["name"]: tb for tb in t.templates})
-                for tb in templates.values():
-                    env.custom.create_namespaced_custom_object(
-                        GROUP, VERSION, ns, "resourceclaimtemplates", tb
-                    )
-                r = stream(
-                    env.core, ns, bodies, _window(mode, len(bodies)), _pod_timeout(mode, o),
-                    o.phase_timeout,
+        return _dra_streams(env, pods, ds.translation_settings(class_name), sched, "DRA",
+                            o, proc)
+
+
+def run_dra_extender(
+    env: Env, binary: Path, pods: Sequence[trace.TracePod], class_name: str, load: Any,
+    o: Options, detail: dict[str, Any] | None = None,
+) -> dict[str, ds.RunFigures]:
+    """DRA pods as the webhook marks them for the extender (``--mark-for-extender``),
+    kube-scheduler with DRA and the extender ranking their nodes. ``detail`` (a test's):
+    filled as ``_dra_streams`` says."""
+    from testkit.scheduler import extender_and_scheduler
+
+    sched = f"gs-drx-{env.tag}"
+    settings = replace(ds.translation_settings(class_name), mark_for_extender=True)
+    with extender_and_scheduler(
+        env.kubeconfig, binary, env.workdir, sched, load, KEY, dra_driver=ds.DRIVER
+    ) as proc:
+        wait_started(proc, env.workdir / "sched.log")
+        return _dra_streams(env, pods, settings, sched, "DRA+extender", o, proc, detail)
+
+
+def _dra_streams(
+    env: Env, pods: Sequence[trace.TracePod], settings: Any, sched: str, what: str,
+    o: Options, proc: subprocess.Popen[bytes], detail: dict[str, Any] | None = None,
+) -> dict[str, ds.RunFigures]:
+    """``detail``: filled from the last mode's stream before its namespace goes:
+    ``nodes`` (per pod, None if unbound), ``annotations`` (pod -> its annotations) and
+    ``devices`` (pod -> device indices its claims were allocated on its node)."""
+    out: dict[str, ds.RunFigures] = {}
+    for mode in o.modes:
+        with namespace(env, f"{sched}-{mode}") as ns:
+            bodies, templates = [], {}
+            for i, p in enumerate(pods):
+                body, t = ds.dra_pod(ds.vcuda_pod(f"p{i:04d}", p, sched, env.tag), ns, settings)
+                bodies.append(body)
+                templates.update({tb["metadata"]["name"]: tb for tb in t.templates})
+            for tb in templates.values():
+                env.custom.create_namespaced_custom_object(
+                    GROUP, VERSION, ns, "resourceclaimtemplates", tb
                 )
-                claims = env.custom.list_namespaced_custom_object(
-                    GROUP, VERSION, ns, "resourceclaims"
-                )["items"]
-                out[mode] = _figures(pods, r, claims)
-                _progress(f"DRA {mode}", out[mode], r)
-            if proc.poll() is not None:
-                raise RuntimeError("the DRA kube-scheduler exited; see " + str(env.workdir))
+            r = stream(
+                env.core, ns, bodies, _window(mode, len(bodies)), _pod_timeout(mode, o),
+                o.phase_timeout,
+            )
+            claims = env.custom.list_namespaced_custom_object(
+                GROUP, VERSION, ns, "resourceclaims"
+            )["items"]
+            out[mode] = _figures(pods, r, claims)
+            _progress(f"{what} {mode}", out[mode], r)
+            if detail is not None:
+                detail.update(_detail(env, ns, r, claims))
+        if proc.poll() is not None:
+            raise RuntimeError(f"the {what} kube-scheduler exited; see {env.workdir}")
+        time.sleep(1)  # an extender's view sees the deletions
     return out
+
+
+def _detail(env: Env, ns: str, r: StreamResult, claims: list[Any]) -> dict[str, Any]:
+    from gpu_share.sharing.dra.pod_claims import allocated_indices
+
+    pods = env.core.list_namespaced_pod(ns).items
+    node_of = {p.metadata.name: p.spec.node_name for p in pods}
+    devices: dict[str, list[int]] = {}
+    for c in claims:
+        for ref in (c.get("status") or {}).get("reservedFor") or []:
+            got = allocated_indices(c, ds.DRIVER, node_of.get(ref.get("name")) or "")
+            devices.setdefault(ref.get("name"), []).extend(got or ())
+    return {
+        "nodes": r.nodes,
+        "annotations": {p.metadata.name: dict(p.metadata.annotations or {}) for p in pods
+                        if p.spec.node_name},
+        "devices": devices,
+    }
 
 
 def run_extender(
@@ -497,7 +546,10 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         help="stop the stream when the pods ask this %% of the nodes' GPU capacity",
     )
     ap.add_argument("--modes", default="seq,burst", help="seq, burst or both")
-    ap.add_argument("--paths", default="dra,extender", help="dra, extender or both")
+    ap.add_argument("--paths", default="dra,extender,dra+extender",
+                    help="any of dra, extender, dra+extender (DRA pods ranked by the "
+                         "extender); or sim: the simulators alone, no cluster")
+    ap.add_argument("--seeds", default="42", help="sim: comma-separated seeds")
     ap.add_argument(
         "--scheduler", default="", help="kube-scheduler binary (default: the cluster's)"
     )
@@ -505,9 +557,27 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--phase-timeout", type=float, default=300.0)
     ap.add_argument("--lock-timeout", type=float, default=600.0)
     a = ap.parse_args(argv)
-    if not 1 <= a.nodes <= 1213 or not 1 <= a.pods <= 5000:
-        ap.error("--nodes 1..1213, --pods 1..5000")
+    if not 1 <= a.nodes <= 1213 or not 1 <= a.pods <= 8000:
+        ap.error("--nodes 1..1213, --pods 1..8000")
     return a
+
+
+def simulated(a: argparse.Namespace) -> int:
+    """``--paths sim``: the two simulators alone, per seed of ``--seeds`` (no cluster):
+    fgd's own devices against the allocator's first fit on fgd's node."""
+    nodes = ds.sample_nodes(trace.load_nodes(units=ds.UNITS), a.nodes)
+    cap = ds.capacity_milli(nodes)
+    trace_pods = trace.load_pods(trace.trace_dir() / "openb_pod_list_default.csv")
+    load = ds.workload(trace_pods)
+    print(f"{len(nodes)} nodes, {sum(len(n.devices) for n in nodes)} GPUs")
+    print("seed   pods  simulator fgd  sim. first-fit  difference (pp)")
+    for seed in (int(x) for x in a.seeds.split(",")):
+        pods = ds.sample_pods(trace_pods, seed, cap, a.pods, a.max_arrived)
+        fgd = ds.allocation_pct(pods, ds.simulate(nodes, pods, load), cap)
+        ff = ds.allocation_pct(pods, ds.simulate_first_fit(nodes, pods, load), cap)
+        print(f"{seed:>4} {len(pods):>6} {fgd:>14.2f} {ff:>15.2f} {ff - fgd:>+16.2f}",
+              flush=True)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -517,6 +587,8 @@ def main(argv: list[str] | None = None) -> int:
     from testkit.kube_admin import admin_client
 
     a = _args(argv)
+    if a.paths == "sim":
+        return simulated(a)
     # A plain SIGTERM (e.g. timeout(1)) still runs the clean-up in the finally blocks.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     info = cluster_info()
@@ -542,6 +614,7 @@ def main(argv: list[str] | None = None) -> int:
     pods = ds.sample_pods(trace_pods, a.seed, _CAP["milli"], a.pods, a.max_arrived)
     load = ds.workload(trace_pods)
     sim = ds.simulate(nodes, pods, load)
+    sim_ff = ds.simulate_first_fit(nodes, pods, load)
     arrived = 100 * sum(p.gpu_request for p in pods) / _CAP["milli"]
     print(
         f"kube-scheduler {version} ({binary}), API server {server}; {len(nodes)} nodes, "
@@ -561,17 +634,21 @@ def main(argv: list[str] | None = None) -> int:
         env = Env(api, k8s.CoreV1Api(api), k8s.CustomObjectsApi(api), kubeconfig, tag, Path(tmp))
         class_name = f"gs-bench-{tag}"
         with registered(env, nodes, class_name):
-            if "dra" in a.paths:
+            if "dra" in a.paths.split(","):
                 results["DRA"] = run_dra(env, binary, pods, class_name, o)
-            if "extender" in a.paths:
+            if "extender" in a.paths.split(","):
                 results["extender"] = run_extender(env, binary, pods, load, o)
+            if "dra+extender" in a.paths.split(","):
+                results["DRA+extender"] = run_dra_extender(env, binary, pods, class_name,
+                                                           load, o)
     columns = [
         (f"{path} {mode}", results[path].get(mode))
         for path in results
         for mode in modes
     ]
     print()
-    print(ds.table(columns, _CAP["devices"], ("simulator fgd", pods, sim, _CAP["milli"])))
+    print(ds.table(columns, _CAP["devices"], ("simulator fgd", pods, sim, _CAP["milli"]),
+                   ("sim. first-fit", pods, sim_ff, _CAP["milli"])))
     print(f"(kube-scheduler {version}; allocation = GPU-milli of bound pods / capacity)")
     return 0
 

@@ -131,11 +131,15 @@ def extender_and_scheduler(
     sched_name: str,
     workload: Workload,
     key: bytes,
+    dra_driver: str = "",
 ) -> Iterator[subprocess.Popen[bytes]]:
     """Yields the scheduler process; its log is ``workdir/sched.log``. The extender's
-    view and binder get their own ``kube.rest`` client from ``kubeconfig``."""
+    view and binder get their own ``kube.rest`` client from ``kubeconfig``.
+    ``dra_driver``: DRA pods too (the scheduler's DRAConsumableCapacity on; the
+    extender reads that driver's claims at bind)."""
     from gpu_share.kube.binder import KubeBinder
     from gpu_share.kube.cluster_view import KubeClusterView
+    from gpu_share.kube.resourceclaims import KubeClaimReader
     from gpu_share.kube.rest import make_rest_client
 
     rest = make_rest_client(kubeconfig)
@@ -148,11 +152,14 @@ def extender_and_scheduler(
     try:
         view.start()
         assert view.wait_synced(30)
+        settings = ExtenderSettings(ResourceNames(MEM, CORE), "vendor.com", key,
+                                    dra_driver=dra_driver or "gpu-share.vendor.com")
         ext = Extender(
-            ExtenderSettings(ResourceNames(MEM, CORE), "vendor.com", key),
+            settings,
             view,
             KubeBinder(rest),
             lambda v: make_policy("fgd", workload),
+            claims=KubeClaimReader(rest) if dra_driver else None,
         )
         port = free_port()
         server = make_server(ext, "127.0.0.1", port)
@@ -170,8 +177,10 @@ def extender_and_scheduler(
         }
         (workdir / "sched.yaml").write_text(yaml.safe_dump(cfg))
         log = (workdir / "sched.log").open("w")
+        gates = ["--feature-gates=DRAConsumableCapacity=true"] if dra_driver else []
         sched = subprocess.Popen(
-            [str(sched_bin), f"--config={workdir / 'sched.yaml'}", "--secure-port=0", "--v=1"],
+            [str(sched_bin), f"--config={workdir / 'sched.yaml'}", "--secure-port=0", "--v=1",
+             *gates],
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, "KUBECONFIG": kubeconfig},
