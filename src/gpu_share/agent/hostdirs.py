@@ -23,8 +23,6 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import TypeAlias
 
-from gpu_share.sharing.node import hami_region
-
 log = logging.getLogger(__name__)
 Keys: TypeAlias = Mapping[str, frozenset[str]]  # host dir key -> unit ids its entry holds
 
@@ -41,6 +39,9 @@ _serial = itertools.count()
 def seed_region(dirs: HostDirs, key: str, envs: Mapping[str, str]) -> None:
     """HAMi-core's region in the dir ``key``, its limits those of ``envs`` (the slice's
     response): set before any process of the container runs (sharing/node/hami_region.py)."""
+    # Loaded on first use: only pools enforcing with HAMi-core seed regions (~0.5 MiB).
+    from gpu_share.sharing.node import hami_region
+
     parts = hami_region.region_parts(*hami_region.limits_from_env(envs))
     dirs.seed(key, hami_region.CACHE_FILE, parts, hami_region.FILE_SIZE)
 
