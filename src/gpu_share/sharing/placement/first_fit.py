@@ -15,9 +15,9 @@ from collections.abc import Hashable, Mapping
 from dataclasses import replace
 
 from gpu_share.sharing.placement.cluster_policy import ClusterPolicy, Plan, Score, Step
-from gpu_share.sharing.placement.evaluate import host_nofit, host_of, no_fit_reason, pod_shape
+from gpu_share.sharing.placement.evaluate import host_nofit, host_of, no_fit_reason, node_key
 from gpu_share.sharing.placement.fragmentation import fits_shared, whole_count
-from gpu_share.sharing.placement.memo import BoundedMemo
+from gpu_share.sharing.placement.pod_scores import PodScores
 from gpu_share.sharing.placement.slots import (
     ContainerPlacement,
     DeviceSlot,
@@ -72,26 +72,23 @@ def _order(node: NodeSlots) -> tuple[tuple[int, int, int, int], ...]:
     return tuple(d.key for d in sorted(node.devices, key=lambda d: d.index) if d.healthy)
 
 
-class FirstFitScores:
-    """The policy's score of each node's first-fit plan for one pod, or why nothing fits
-    (``PodScores``' interface: ``known`` then ``by_key``). Memoised per node key and
-    device order: two nodes in one GPU state with devices in another order differ."""
+def _never(_key: Hashable) -> None:
+    return None
 
-    memo_limit = 100_000
+
+class FirstFitScores(PodScores):
+    """The policy's score of each node's first-fit plan for one pod, or why nothing fits
+    (``PodScores``' interface). Memoised per node key and device order: two nodes in one
+    GPU state with their devices in another order differ."""
 
     def __init__(
         self, policy: ClusterPolicy, pod: PodDemand, prices: Mapping[str, float] | None = None
     ) -> None:
-        self.policy = policy
-        self.pod = pod
-        self.prices: dict[str, float] = dict(prices or {})
-        self._shape = pod_shape(pod)
-        self._memo: BoundedMemo[Hashable, Score | NoFit] = BoundedMemo()
+        super().__init__(policy, pod, prices)
+        self.known = _never  # the order is part of the key: every look-up is ``by_key``
 
-    @staticmethod
-    def known(_key: Hashable) -> None:
-        """The order is part of the key: every look-up goes through ``by_key``."""
-        return None
+    def of(self, node: NodeSlots, key: Hashable | None = None) -> Score | NoFit:
+        return self.by_key(node, node_key(node) if key is None else key)
 
     def by_key(self, node: NodeSlots, key: Hashable) -> Score | NoFit:
         k = (key, _order(node))
@@ -109,11 +106,8 @@ class FirstFitScores:
         if got is None:
             return NoFit(node.name, no_fit_reason(node, self.pod))
         plan, placed = got
-        return Placement(node.name, placed, self._score(node, plan))
-
-    def _score(self, node: NodeSlots, plan: Plan) -> Score:
         host = host_of(node, self.pod, self.prices, self._shape)
-        return self.policy.score(node.state, plan, host)
+        return Placement(node.name, placed, self.policy.score(node.state, plan, host))
 
     def _compute(self, node: NodeSlots) -> Score | NoFit:
         got = self.placement(node)

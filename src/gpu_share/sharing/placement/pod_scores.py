@@ -3,7 +3,7 @@ prioritize (``evaluate_node`` without the device pick)."""
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 
 from gpu_share.sharing.placement.cluster_policy import ClusterPolicy, Plan, Score
 from gpu_share.sharing.placement.evaluate import (
@@ -35,7 +35,7 @@ class PodScores:
         self._memo: BoundedMemo[Hashable, Score | NoFit] = BoundedMemo()
         # The memo's look-up (None: not scored yet, then ``by_key``): a loop over
         # thousands of nodes calls it without a method of ours around it.
-        self.known = self._memo.get
+        self.known: Callable[[Hashable], Score | NoFit | None] = self._memo.get
         # Per GPU state: its plans for the pod, or why no device set fits (the reason
         # reads healthy devices only, which the state holds; ``of`` puts the asker's
         # name on it). Nodes that differ only in host values, model or held requests
