@@ -146,12 +146,24 @@ def test_bind_records_the_devices_the_claims_were_allocated() -> None:
 
 
 def test_bind_predicts_the_first_fit_when_the_claims_cannot_be_read() -> None:
-    for claims in (Claims(fail=True), None,
-                   Claims({"p-a-gpu-share-c-x1": allocated("n1", "gpu-1", driver="other")})):
+    for claims in (Claims(fail=True), None):
         view, binder = _view({"n1": ((4, 30), (0, 0))}), Binder()
         ext = _extender(view, binder, claims)
         assert _bind(ext, view, dra_pod("a"), "n1") == {"Error": ""}
         assert _recorded(binder, "a") == ("n1-GPU-0",)
+
+
+def test_claims_holding_none_of_our_devices_record_nothing() -> None:
+    # A tenant's own template under our name, for another driver's devices: the pod
+    # holds nothing of ours, so the view must not count a phantom share (it would turn
+    # other pods away from the node).
+    view, binder = _view({"n1": ((0, 0), (0, 0))}), Binder()
+    claims = Claims({"p-a-gpu-share-c-x1": allocated("n1", "gpu-1", driver="other")})
+    ext = _extender(view, binder, claims)
+    assert _bind(ext, view, dra_pod("a"), "n1") == {"Error": ""}
+    assert _recorded(binder, "a") == ()
+    n = view.node("n1")
+    assert n is not None and all(d.memory_free == 16 for d in n.devices)
 
 
 def test_bind_never_refuses_a_dra_pod() -> None:

@@ -50,31 +50,33 @@ def claimed_devices(
 
 
 def _from_claims(slots: NodeSlots, demand: PodDemand, claimed: Claimed) -> Placement | None:
+    """What the claims hold of our devices on this node: a container whose claims hold
+    none (another driver's devices, a tenant's own template under our name) records
+    nothing; None when no container holds any."""
     by_index = {d.index: d for d in slots.devices}
     out = []
     for c in demand.containers:
         indices = claimed.get(c.container, ())
         if not indices or any(i not in by_index for i in indices):
-            return None
+            continue
         devices = tuple(by_index[i] for i in indices)
         if whole_count(c.memory_units, c.cores, devices[0].cores_total):
             m, cores = devices[0].memory_total, devices[0].cores_total
         else:
             m, cores = c.memory_units, c.cores
         out.append(ContainerPlacement(c.container, devices, m, cores))
-    return Placement(slots.name, tuple(out), ())
+    return Placement(slots.name, tuple(out), ()) if out else None
 
 
 def dra_placement(
     slots: NodeSlots | None, demand: PodDemand, claimed: Claimed | None, policy: ClusterPolicy
 ) -> Placement | None:
-    """The devices the decision records: the claims', else the predicted first fit;
-    None when neither is known (nothing recorded)."""
+    """The devices the decision records: the claims' when they could be read (a tenant's
+    claims that hold none of ours record nothing: no phantom use in the view), else the
+    predicted first fit; None: nothing recorded."""
     if slots is None:
         return None
     if claimed is not None:
-        got = _from_claims(slots, demand, claimed)
-        if got is not None:
-            return got
+        return _from_claims(slots, demand, claimed)
     p = FirstFitScores(policy, demand).placement(slots)
     return None if isinstance(p, NoFit) else p
