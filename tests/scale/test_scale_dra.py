@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from testkit.harness import live_cluster, loud_skip
+from tests.scale.kwok import needs_kwok
 
 pytestmark = pytest.mark.cluster
 
@@ -56,13 +56,7 @@ def test_multi_gpu_claims_bind_wherever_they_fit_on_kube_scheduler_136(
 
 
 def _needs(request: pytest.FixtureRequest) -> None:
-    live_cluster(request, "scale test (kwok, DRA on kube-scheduler 1.36)")
-    built = subprocess.run(
-        ["bash", str(ROOT / "hack" / "build-kwok.sh"), "--print"], capture_output=True,
-        text=True, check=False,
-    )
-    if built.returncode != 0:
-        loud_skip("scale test (kwok)", "kwok is not built (hack/build-kwok.sh)")
+    needs_kwok(request, "scale test (kwok, DRA on kube-scheduler 1.36)")
     sched = subprocess.run(
         ["bash", str(ROOT / "hack" / "cluster" / "build.sh"), "k8s-136-dir"],
         capture_output=True, text=True, check=False,

@@ -12,23 +12,21 @@ which hack/test.sh runs); removes every node, namespace and process it made.
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from testkit.harness import live_cluster, loud_skip
+from tests.scale.kwok import needs_kwok
 
 pytestmark = pytest.mark.cluster
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_extender_places_like_the_simulator_on_kwok_nodes(
     tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    _needs_kwok(request)
+    needs_kwok(request)
     # Every node scored, as the simulator does: the same allocation.
     doc, ext = _stream(tmp_path / "every.json", "seq", "100")
     assert ext["alloc_pct"] == pytest.approx(doc["sim_alloc_pct"], abs=1e-9)
@@ -40,7 +38,7 @@ def test_extender_places_like_the_simulator_on_kwok_nodes(
 def test_the_charts_adaptive_sampling_hands_the_extender_100_of_200_nodes(
     tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    _needs_kwok(request)
+    needs_kwok(request)
     # kube-scheduler's adaptive share at 200 nodes is 49 %, raised to its floor of 100
     # nodes: each filter call names at most 100; no pod lands where no device fits.
     _doc, ext = _stream(tmp_path / "sampled.json", "0", "0")
@@ -48,14 +46,6 @@ def test_the_charts_adaptive_sampling_hands_the_extender_100_of_200_nodes(
     assert min(ext["filter_nodes"]) >= 1
 
 
-def _needs_kwok(request: pytest.FixtureRequest) -> None:
-    live_cluster(request, "scale test (kwok)")
-    built = subprocess.run(
-        ["bash", str(ROOT / "hack" / "build-kwok.sh"), "--print"], capture_output=True,
-        text=True, check=False,
-    )
-    if built.returncode != 0:
-        loud_skip("scale test (kwok)", "kwok is not built (hack/build-kwok.sh)")
 
 
 def _stream(out: Path, rate: str, nodes_to_score: str) -> tuple[dict[str, Any], dict[str, Any]]:
