@@ -8,19 +8,22 @@ the whole run):
 1. kwok (hack/build-kwok.sh) manages ``--nodes`` fake nodes built from the openb node
    list (1,213 = the list; more replicate it): allocatable = the trace's CPU and memory
    plus the vcuda sums, the agent's inventory annotation, a NoSchedule taint only the
-   bench's pods tolerate; with ``dra`` in the paths, one ResourceSlice per node (the
-   agent's builder).
+   bench's pods tolerate; with a DRA path, one ResourceSlice per node (the agent's
+   builder).
 2. The default trace's GPU pods (sorted, shuffled with ``--seed`` as bench/replay does;
    up to 100 % of the GPU capacity or ``--pods``) are streamed, once per path and rate,
    each stream in a fresh namespace: ``--rates 0`` creates them as fast as the creators
    go (the scheduler is the bottleneck), a positive rate creates that many per second.
    Paths: ``base`` kube-scheduler alone (node-wide sums only), ``extender`` kube-scheduler
    + gpu-share-extender in its own process (the chart's scheduler configuration),
-   ``dra`` kube-scheduler with DRA consumable capacity (no extender); ``--dra-scheduler
-   1.36`` runs that path on kube-scheduler v1.36 (hack/cluster/build.sh k8s-136) against
-   the same v1.35 API server, a PATH on that kube-scheduler binary.
+   ``dra`` kube-scheduler with DRA consumable capacity (no extender), ``dra+extender`` the
+   same with the DRA pods marked for the extender and the extender in its config
+   (bench/scale/paths.py); ``--dra-scheduler 1.36`` runs the DRA paths on kube-scheduler
+   v1.36 (hack/cluster/build.sh k8s-136) against the same v1.35 API server, a PATH on
+   that kube-scheduler binary.
 3. Prints one table: throughput, creation->bound p50/p99, allocation % beside the
-   simulator's for the same nodes and pods (fgd), misplaced pods, the extender's
+   simulator's for the same nodes and pods (fgd; with ``dra+extender`` also the
+   first-fit simulator, that path's own), misplaced pods, the extender's
    filter/prioritize/bind p50/p99, RSS (and its view's growth at sync), CPU and API
    requests. ``--out FILE`` also writes the figures as JSON.
 
@@ -34,13 +37,12 @@ import argparse
 import contextlib
 import json
 import signal
-import socket
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
-from dataclasses import asdict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +50,9 @@ from bench import dra_stream as ds
 from bench.replay import trace
 from bench.scale import cluster as cl
 from bench.scale import model
-
-KEY = b"scale-bench-decision-key-0123456789"
-PATHS = ("base", "extender", "dra")
+from bench.scale import paths as pa
+from bench.scale import procs as pr
+from bench.scale.paths import PATHS
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -63,7 +65,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--min-gpus", type=int, default=0,
                     help="only the trace's pods asking at least this many whole GPUs (2: the "
                     "multi-GPU claims whose device search is the DRA allocator's hard case)")
-    ap.add_argument("--paths", default="base,extender,dra")
+    ap.add_argument("--paths", default="base,extender,dra", help=f"any of {PATHS}")
     ap.add_argument("--rates", default="0",
                     help="pods/s, comma-separated; 0 = as fast as it takes, seq = one at a "
                     "time (the next once the last is decided: the simulator's order)")
@@ -85,7 +87,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
                     help="run the extender's gpu_share package from this src/ directory "
                     "(measure a candidate fix without touching the checkout)")
     ap.add_argument("--dra-scheduler", default="",
-                    help="the dra path's kube-scheduler: empty = the local cluster's, 1.36 = "
+                    help="the DRA paths' kube-scheduler: empty = the local cluster's, 1.36 = "
                     "v1.36 from hack/k8s-136 (built into the cache on first use), else the "
                     "path of a kube-scheduler binary; same config, kubeconfig and gates")
     ap.add_argument("--controller-manager-qps", type=int, default=0,
@@ -108,205 +110,6 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     return a
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-# ---------------------------------------------------------------- one stream
-
-
-class Run:
-    def __init__(self, env: cl.Env, a: argparse.Namespace, nodes: Sequence[Any],
-                 pods: Sequence[trace.TracePod]) -> None:
-        self.env, self.a, self.pods, self.nodes = env, a, pods, nodes
-        self.names = [f"p{i:05d}" for i in range(len(pods))]
-        self.by_name = dict(zip(self.names, pods, strict=True))
-        self.devices = {n.name: [d.uuid for d in n.devices] for n in nodes}
-        self.capacity = ds.capacity_milli(nodes)
-        self.offsets = {r: model.arrival_offsets(len(pods), r) for r in self.rates}
-
-    @property
-    def rates(self) -> list[float]:
-        return [model.SEQUENTIAL if r == "seq" else float(r) for r in self.a.rates.split(",")]
-
-    def label(self, path: str, rate: float) -> str:
-        return f"{path} {'seq' if rate < 0 else 'max' if rate == 0 else f'{rate:g}/s'}"
-
-    def go(self, ns: str, bodies: Sequence[dict[str, Any]], rate: float) -> tuple[cl.Stream, float]:
-        s, wall = cl.stream(
-            self.env, ns, bodies, self.offsets[rate], self.a.creators,
-            self.a.stream_timeout, self.a.settle,
-        )
-        if s.errors:
-            cl.log(f"  {len(s.errors)} creates failed, e.g. {s.errors[0]}")
-        return s, wall
-
-    def figures(self, label: str, s: cl.Stream, wall: float, decisions: bool) -> model.PathFigures:
-        bound = sorted(s.bound.items(), key=lambda kv: kv[1][1])
-        lat = [t - s.created[n] for n, (_, t) in bound if n in s.created]
-        final = {n: p for n, p in s.pods.items() if (p.get("spec") or {}).get("nodeName")}
-        milli = sum(self.by_name[n].gpu_request for n in final)
-        placed = []
-        for n, (node, _) in bound:
-            p = final.get(n)
-            if p is None:
-                continue
-            devs = self._decision(p, node) if decisions else None
-            placed.append(model.BoundPod(node, self.by_name[n], devs))
-        return model.PathFigures(
-            path=label,
-            pods=len(self.pods),
-            bound=len(final),
-            unschedulable=len(self.pods) - len(final),
-            wall_s=wall,
-            latencies_s=lat,
-            alloc_pct=model.allocation_pct(milli, self.capacity),
-            misplaced=model.misplaced(placed, self.devices),
-        )
-
-    @staticmethod
-    def _decision(pod: dict[str, Any], node: str) -> tuple[str, ...] | None:
-        from gpu_share.sharing.decision import DecisionError, decision_key, verify_binding
-
-        notes = (pod.get("metadata") or {}).get("annotations") or {}
-        text = notes.get(decision_key("vendor.com"))
-        if not text:
-            return ()  # bound without a decision: counts as misplaced
-        try:
-            d = verify_binding(text, KEY, str(pod["metadata"]["uid"]), node)
-        except DecisionError:
-            return ()
-        return tuple(x for c in d.containers.values() for x in c.devices)
-
-
-def _extender_figures(f: model.PathFigures, before: dict[str, Any], after: dict[str, Any],
-                      cpu0: float, cpu1: float) -> None:
-    verbs = (("filter", "filter_ms"), ("prioritize", "prioritize_ms"), ("bind", "bind_ms"))
-    for verb, attr in verbs:
-        n0 = len(before["durations_ms"][verb])
-        setattr(f, attr, list(after["durations_ms"][verb][n0:]))
-    f.filter_nodes = list(after["filter_names"][len(before["filter_names"]):])
-    f.api_requests = sum(after["api"].values()) - sum(before["api"].values())
-    f.rss_mib = float(after["rss_mib"])
-    marks = after.get("marks") or {}
-    f.view_mib = float(marks.get("rss_synced_mib", 0)) - float(marks.get("rss_before_sync_mib", 0))
-    f.cpu_s = cpu1 - cpu0
-    kinds = {k: v - before["api"].get(k, 0) for k, v in after["api"].items()}
-    f.notes.append("api by kind: " + json.dumps({k: v for k, v in kinds.items() if v}))
-
-
-def run_base(r: Run) -> list[model.PathFigures]:
-    env, out = r.env, []
-    name = f"gs-scale-base-{env.tag}"
-    with cl.kube_scheduler(env, name, cl.scheduler_config(env, name, None, r.a.scheduler_qps)):
-        for rate in r.rates:
-            with cl.namespace(env, f"gs-scale-{env.tag}-base-{int(rate) % 1000}") as ns:
-                bodies = [model.vcuda_pod(n, p, name, env.tag) for n, p in r.by_name.items()]
-                s, wall = r.go(ns, bodies, rate)
-                out.append(r.figures(r.label("base", rate), s, wall, decisions=False))
-                _progress(out[-1])
-    return out
-
-
-def run_extender(r: Run, workload_file: Path | None) -> list[model.PathFigures]:
-    env, out = r.env, []
-    name = f"gs-scale-ext-{env.tag}"
-    port = free_port()
-    src = Path(r.a.extender_src) if r.a.extender_src else None
-    with cl.extender(env, port, KEY, workload_file, src) as ext:
-        cfg = cl.scheduler_config(env, name, port, r.a.scheduler_qps, r.a.nodes_to_score)
-        with cl.kube_scheduler(env, name, cfg):
-            for rate in r.rates:
-                with cl.namespace(env, f"gs-scale-{env.tag}-ext-{int(rate) % 1000}") as ns:
-                    bodies = [model.vcuda_pod(n, p, name, env.tag) for n, p in r.by_name.items()]
-                    before, cpu0 = ext.stats(), ext.cpu_s()
-                    s, wall = r.go(ns, bodies, rate)
-                    after, cpu1 = ext.stats(), ext.cpu_s()
-                    f = r.figures(r.label("extender", rate), s, wall, decisions=True)
-                    _extender_figures(f, before, after, cpu0, cpu1)
-                    out.append(f)
-                    _progress(f)
-                time.sleep(2)  # the view sees the deletions before the next stream
-    return out
-
-
-def run_dra(r: Run, scheduler: Path | None = None) -> list[model.PathFigures]:
-    env, out = r.env, []
-    version = cl.binary_version(scheduler or env.k8s_bin / "kube-scheduler")
-    name = f"gs-scale-dra-{env.tag}"
-    klass = f"gs-scale-{env.tag}"
-    env.custom.create_cluster_custom_object(
-        "resource.k8s.io", "v1", "deviceclasses", ds.device_class(klass)
-    )
-    settings = ds.translation_settings(klass)
-    try:
-        cfg = cl.scheduler_config(env, name, None, r.a.scheduler_qps)
-        if r.a.dra_nodes_to_score:
-            cfg["percentageOfNodesToScore"] = r.a.dra_nodes_to_score
-        with cl.kube_scheduler(env, name, cfg, gates="DRAConsumableCapacity=true",
-                               binary=scheduler):
-            for rate in r.rates:
-                with cl.namespace(env, f"gs-scale-{env.tag}-dra-{int(rate) % 1000}") as ns:
-                    bodies, templates = [], {}
-                    for n, p in r.by_name.items():
-                        body, t = ds.dra_pod(model.vcuda_pod(n, p, name, env.tag), ns, settings)
-                        bodies.append(body)
-                        templates.update({tb["metadata"]["name"]: tb for tb in t.templates})
-                    for tb in templates.values():
-                        env.custom.create_namespaced_custom_object(
-                            "resource.k8s.io", "v1", ns, "resourceclaimtemplates", tb
-                        )
-                    s, wall = r.go(ns, bodies, rate)
-                    f = r.figures(r.label("dra", rate), s, wall, decisions=False)
-                    claims = env.custom.list_namespaced_custom_object(
-                        "resource.k8s.io", "v1", ns, "resourceclaims"
-                    )["items"]
-                    # DRA's own device accounting replaces the best-fit guess.
-                    f.misplaced = ds.claim_use(claims).devices_over
-                    f.notes.append("misplaced = devices over capacity in the claims")
-                    f.notes.append(claim_rate(claims))
-                    bound_on = {
-                        n: str(p["spec"]["nodeName"]) for n, p in s.pods.items()
-                        if (p.get("spec") or {}).get("nodeName")
-                    }
-                    fit = model.unbound_that_fit(
-                        r.nodes, r.by_name, bound_on, model.device_use(claims)
-                    )
-                    f.unbound_fit = len(fit)
-                    f.notes.append(
-                        f"{len(fit)} unbound pods would fit on a node at the end"
-                        + (f", e.g. {', '.join(fit[:5])}" if fit else "")
-                        + f"; {len(s.unschedulable)} were refused as unschedulable"
-                    )
-                    f.notes.append(f"kube-scheduler: {version}")
-                    out.append(f)
-                    _progress(f)
-    finally:
-        with contextlib.suppress(Exception):
-            env.custom.delete_cluster_custom_object("resource.k8s.io", "v1", "deviceclasses", klass)
-    return out
-
-
-def claim_rate(claims: Sequence[dict[str, Any]]) -> str:
-    """How fast kube-controller-manager made the claims from their templates (two writes
-    per pod, the claim and the pod's status, on a client of 20 QPS by default)."""
-    stamps = sorted(
-        time.mktime(time.strptime(c["metadata"]["creationTimestamp"], "%Y-%m-%dT%H:%M:%SZ"))
-        for c in claims
-    )
-    if len(stamps) < 2 or stamps[-1] <= stamps[0]:
-        return f"{len(stamps)} claims made"
-    return (f"{len(stamps)} claims made by kube-controller-manager in "
-            f"{stamps[-1] - stamps[0]:.0f} s: {(len(stamps) - 1) / (stamps[-1] - stamps[0]):.1f}/s")
-
-
-def _progress(f: model.PathFigures) -> None:
-    cl.log(f"  {f.path}: {f.bound}/{f.pods} bound, {f.pods_per_s:.1f} pods/s, "
-           f"allocation {f.alloc_pct:.2f} %, misplaced {f.misplaced}, {f.wall_s:.0f} s")
-
-
 # ---------------------------------------------------------------- main
 
 
@@ -326,19 +129,21 @@ def main(argv: list[str] | None = None) -> int:
         return _main(a)
 
 
-def _main(a: argparse.Namespace) -> int:
-    from kubernetes import client as k8s
+@dataclass
+class Plan:
+    """The nodes, the pods and the simulators' allocation for them (before the lock)."""
 
-    from gpu_share.kube.rest import make_rest_client
-    from testkit.harness import cluster_info, cluster_is_up, cluster_lock
-    from testkit.kube_admin import admin_client
+    nodes: list[Any]
+    pods: list[trace.TracePod]
+    load: Any  # the trace's workload mix (fgd's target)
+    capacity: int
+    arrived: float  # % of the GPUs the pods ask
+    sims: dict[str, float] = field(default_factory=dict)  # column -> allocation %
 
-    info = cluster_info()
-    if info.problem or not cluster_is_up():
-        print(f"the local cluster is not usable: {info.problem or 'not up'}", file=sys.stderr)
-        return 2
-    paths = [p for p in PATHS if p in a.paths.split(",")]
-    tag = uuid.uuid4().hex[:6]
+
+def plan(a: argparse.Namespace, paths: Sequence[str], tag: str) -> Plan:
+    """fgd's simulator for every run; with ``dra+extender`` also the first-fit one (fgd's
+    node for the devices the DRA allocator takes: that path's own simulator)."""
     nodes = model.replicate(trace.load_nodes(units=model.UNITS), a.nodes, f"gss{tag}-")
     capacity = ds.capacity_milli(nodes)
     trace_pods = trace.load_pods(trace.trace_dir() / "openb_pod_list_default.csv")
@@ -347,56 +152,86 @@ def _main(a: argparse.Namespace) -> int:
         chosen = [p for p in trace_pods if p.num_gpu >= a.min_gpus and p.gpu_milli >= 1000]
     pods = model.pods_for(chosen, a.seed, capacity, a.pods, a.max_arrived)
     load = ds.workload(trace_pods)
-    t0 = time.monotonic()
-    sim = ds.simulate(nodes, pods, load)
-    sim_alloc = ds.allocation_pct(pods, sim, capacity)
     arrived = 100 * sum(p.gpu_request for p in pods) / capacity
+    out = Plan(nodes, pods, load, capacity, arrived)
+    sims: list[tuple[str, Callable[..., list[str | None]]]] = [("simulator", ds.simulate)]
+    if "dra+extender" in paths:
+        sims.append(("first-fit sim", ds.simulate_first_fit))
+    for column, simulate in sims:
+        t0 = time.monotonic()
+        out.sims[column] = ds.allocation_pct(pods, simulate(nodes, pods, load), capacity)
+        cl.log(f"{column}: {out.sims[column]:.2f} % in {time.monotonic() - t0:.0f}s")
     cl.log(f"{len(nodes)} nodes, {capacity // 1000} GPUs; {len(pods)} GPU pods (seed {a.seed}) "
-           f"asking {arrived:.1f} % of the GPUs; simulator (fgd) {sim_alloc:.2f} % "
-           f"in {time.monotonic() - t0:.0f}s")
+           f"asking {arrived:.1f} % of the GPUs")
+    return out
+
+
+def _main(a: argparse.Namespace) -> int:
+    from testkit.harness import cluster_info, cluster_is_up
+
+    info = cluster_info()
+    if info.problem or not cluster_is_up():
+        print(f"the local cluster is not usable: {info.problem or 'not up'}", file=sys.stderr)
+        return 2
+    paths = [p for p in PATHS if p in a.paths.split(",")]
+    tag = uuid.uuid4().hex[:6]
+    pl = plan(a, paths, tag)
     kwok_bin = cl.kwok_binary()
     dra_scheduler = None
-    if "dra" in paths and a.dra_scheduler:
+    if set(paths) & set(pa.DRA_PATHS) and a.dra_scheduler:
         # Built (if it must be) before the lock is taken: a first build takes minutes.
-        dra_scheduler = cl.scheduler_binary(a.dra_scheduler, Path(info.env["K8S_BIN_DIR"]))
-        cl.log(f"dra path: {cl.binary_version(dra_scheduler)} ({dra_scheduler})")
-    api = admin_client(info.env["KUBECONFIG"])
-    rest = make_rest_client(info.env["KUBECONFIG"])
+        dra_scheduler = pr.scheduler_binary(a.dra_scheduler, Path(info.env["K8S_BIN_DIR"]))
+        cl.log(f"dra paths: {pr.binary_version(dra_scheduler)} ({dra_scheduler})")
+    _on_cluster(a, info.env, tag, pl, paths, kwok_bin, dra_scheduler)
+    return 0
+
+
+def _on_cluster(a: argparse.Namespace, cluster_env: Mapping[str, str], tag: str, pl: Plan,
+                paths: Sequence[str], kwok_bin: Path, dra_scheduler: Path | None) -> None:
+    """Under the cluster lock: kwok, the nodes, then each path in turn."""
+    from kubernetes import client as k8s
+
+    from gpu_share.kube.rest import make_rest_client
+    from testkit.harness import cluster_lock
+    from testkit.kube_admin import admin_client
+
+    api = admin_client(cluster_env["KUBECONFIG"])
+    rest = make_rest_client(cluster_env["KUBECONFIG"])
     results: list[model.PathFigures] = []
     with (
         cluster_lock(a.lock_timeout, on_wait=lambda: cl.log("waiting for the cluster lock...")),
         _workdir(a.keep_dir) as tmp,
-        cl.controller_manager_qps(
-            Path(info.env["GPU_SHARE_CLUSTER_DIR"]), a.controller_manager_qps
+        pr.controller_manager_qps(
+            Path(cluster_env["GPU_SHARE_CLUSTER_DIR"]), a.controller_manager_qps
         ),
     ):
         env = cl.Env(api, k8s.CoreV1Api(api), k8s.CustomObjectsApi(api), rest,
-                     info.env["KUBECONFIG"],
-                     tag, Path(tmp), Path(info.env["K8S_BIN_DIR"]))
+                     cluster_env["KUBECONFIG"], tag, Path(tmp), Path(cluster_env["K8S_BIN_DIR"]))
         wl_file = None
         if not a.seen_workload:
             wl_file = env.workdir / "workload.json"
             wl_file.write_text(json.dumps(
-                [[s.memory_units, s.cores, s.weight, s.cpu, s.host_memory] for s in load.shapes]
+                [[s.memory_units, s.cores, s.weight, s.cpu, s.host_memory] for s in pl.load.shapes]
             ))
+        slices = bool(set(paths) & set(pa.DRA_PATHS))
         with (
             cl.kwok(env, kwok_bin, a.lease_seconds),
-            cl.nodes_registered(env, nodes, 8, slices="dra" in paths),
+            cl.nodes_registered(env, pl.nodes, 8, slices=slices),
         ):
-            cl.wait_for("kwok to make every node Ready", lambda: cl.ready_nodes(env) >= len(nodes),
-                        600, every=3)
-            r = Run(env, a, nodes, pods)
+            cl.wait_for("kwok to make every node Ready",
+                        lambda: cl.ready_nodes(env) >= len(pl.nodes), 600, every=3)
+            r = pa.Run(env, a, pl.nodes, pl.pods)
+            runs = {
+                "base": lambda: pa.run_base(r),
+                "extender": lambda: pa.run_extender(r, wl_file),
+                "dra": lambda: pa.run_dra(r, dra_scheduler),
+                "dra+extender": lambda: pa.run_dra(r, dra_scheduler, wl_file, with_extender=True),
+            }
             for p in paths:
                 cl.log(f"path {p}")
-                if p == "base":
-                    results += run_base(r)
-                elif p == "extender":
-                    results += run_extender(r, wl_file)
-                else:
-                    results += run_dra(r, dra_scheduler)
+                results += runs[p]()
                 # After every path: a run stopped later keeps what it measured.
-                report(a, len(nodes), capacity, pods, arrived, sim_alloc, results)
-    return 0
+                report(a, pl, results)
 
 
 def _workdir(keep: str) -> contextlib.AbstractContextManager[str]:
@@ -406,23 +241,25 @@ def _workdir(keep: str) -> contextlib.AbstractContextManager[str]:
     return contextlib.nullcontext(keep)
 
 
-def report(a: argparse.Namespace, n_nodes: int, capacity: int, pods: Sequence[Any],
-           arrived: float, sim_alloc: float, results: list[model.PathFigures]) -> None:
+def report(a: argparse.Namespace, pl: Plan, results: list[model.PathFigures]) -> None:
     print()
-    print(f"{n_nodes} kwok nodes, {capacity // 1000} GPUs, {len(pods)} pods "
-          f"({arrived:.1f} % of the GPUs asked), seed {a.seed}")
-    print(model.table(results, sim_alloc))
+    print(f"{len(pl.nodes)} kwok nodes, {pl.capacity // 1000} GPUs, {len(pl.pods)} pods "
+          f"({pl.arrived:.1f} % of the GPUs asked), seed {a.seed}")
+    print(model.table(results, sims=pl.sims))
     for f in results:
         for note in f.notes:
             print(f"  {f.path}: {note}")
     print(flush=True)
     if a.out:
         doc = {
-            "nodes": n_nodes, "gpus": capacity // 1000, "pods": len(pods), "seed": a.seed,
-            "arrived_pct": arrived, "sim_alloc_pct": sim_alloc,
+            "nodes": len(pl.nodes), "gpus": pl.capacity // 1000, "pods": len(pl.pods),
+            "seed": a.seed, "arrived_pct": pl.arrived,
+            "sim_alloc_pct": pl.sims["simulator"],
+            "sim_first_fit_pct": pl.sims.get("first-fit sim"),
             "dra_scheduler": a.dra_scheduler, "min_gpus": a.min_gpus,
             "controller_manager_qps": a.controller_manager_qps,
             "dra_nodes_to_score": a.dra_nodes_to_score,
+            "nodes_to_score": a.nodes_to_score,
             "paths": [{**asdict(f), "pods_per_s": f.pods_per_s} for f in results],
         }
         Path(a.out).write_text(json.dumps(doc))

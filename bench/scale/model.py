@@ -308,16 +308,20 @@ def cell(f: PathFigures, row: str) -> str:
     return values[row]
 
 
-def table(columns: Sequence[PathFigures], sim_alloc: float | None = None) -> str:
-    """Rows = figures, one column per path; the simulator's allocation beside them."""
-    head = ["", *(c.path for c in columns)]
-    body = [[title, *(cell(c, key) for c in columns)] for key, title in ROWS]
+def table(
+    columns: Sequence[PathFigures], sim_alloc: float | None = None,
+    sims: Mapping[str, float] | None = None,
+) -> str:
+    """Rows = figures, one column per path; the simulators' allocation beside them
+    (``sim_alloc``: one column "simulator"; ``sims``: column title -> allocation %)."""
+    extra = dict(sims or {})
     if sim_alloc is not None:
-        head.append("simulator")
+        extra = {"simulator": sim_alloc, **extra}
+    head = ["", *(c.path for c in columns), *extra]
+    body = [[title, *(cell(c, key) for c in columns)] for key, title in ROWS]
+    for alloc in extra.values():
         for row, (key, _) in zip(body, ROWS, strict=True):
-            row.append(
-                f"{sim_alloc:.2f}" if key == "alloc" else ("0" if key == "misplaced" else "-")
-            )
+            row.append(f"{alloc:.2f}" if key == "alloc" else ("0" if key == "misplaced" else "-"))
     widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
     return "\n".join(
         "  ".join(

@@ -37,6 +37,7 @@ from bench import dra_stream as ds
 from bench.replay import trace
 from bench.scale import cluster as cl
 from bench.scale import model
+from bench.scale import procs as pr
 from gpu_share.kube.rest import MERGE_PATCH
 from gpu_share.sharing.decision import ContainerDecision, Decision, decision_key, sign
 from gpu_share.sharing.placement import ClusterIndex, Placement, TieBreak, make_policy
@@ -166,7 +167,6 @@ def cl_signals() -> Any:
 def _main(a: argparse.Namespace) -> int:
     from kubernetes import client as k8s
 
-    from bench.scale.__main__ import free_port
     from gpu_share.kube.rest import make_rest_client
     from testkit.harness import cluster_info, cluster_is_up, cluster_lock
     from testkit.kube_admin import admin_client
@@ -203,9 +203,9 @@ def _main(a: argparse.Namespace) -> int:
         ):
             wall = create_pods(env, ns, bodies, placed, a.workers)
             cl.log(f"{len(bodies)} pods created in {wall:.0f}s")
-            port = free_port()
+            port = pr.free_port()
             t0 = time.monotonic()
-            with cl.extender(env, port, KEY, wl_file) as ext:
+            with pr.extender(env, port, KEY, wl_file) as ext:
                 synced_s = time.monotonic() - t0
                 st = ext.stats()
                 marks = st["marks"]

@@ -1,9 +1,12 @@
-"""What the kwok scale tests need: the local cluster and a built kwok (else a loud skip)."""
+"""What the kwok scale tests need: the local cluster and a built kwok (else a loud skip),
+and for the DRA tests the v1.36 kube-scheduler (else a plain skip)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,3 +23,37 @@ def needs_kwok(request: pytest.FixtureRequest, what: str = "scale test (kwok)") 
     )
     if built.returncode != 0:
         loud_skip("scale test (kwok)", "kwok is not built (hack/build-kwok.sh)")
+
+
+def needs_kwok_and_scheduler_136(request: pytest.FixtureRequest, what: str) -> None:
+    """kwok, and kube-scheduler v1.36 as `hack/cluster/build.sh k8s-136` caches it. The
+    test command does not build that scheduler (417 s on the 2-core machine, on top of the
+    cluster's own build): not a cluster prerequisite, so this skips even where the
+    cluster is required."""
+    needs_kwok(request, what)
+    sched = subprocess.run(
+        ["bash", str(ROOT / "hack" / "cluster" / "build.sh"), "k8s-136-dir"],
+        capture_output=True, text=True, check=False,
+    )
+    if not (Path(sched.stdout.strip()) / ".stamp").is_file():
+        pytest.skip("kube-scheduler v1.36 is not built: run hack/cluster/build.sh k8s-136")
+
+
+def one_path(out: Path, *args: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``python -m bench.scale ARGS --out OUT`` in this process, for one path at one rate:
+    the JSON it wrote and that path's figures."""
+    from bench.scale.__main__ import main
+
+    assert main([*args, "--lock-timeout", "120", "--out", str(out)]) == 0
+    doc: dict[str, Any] = json.loads(out.read_text())
+    (figures,) = doc["paths"]
+    return doc, figures
+
+
+def dra_136_path(
+    request: pytest.FixtureRequest, out: Path, what: str, *args: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A DRA path of bench.scale on kube-scheduler v1.36 (``--dra-scheduler 1.36``), its
+    prerequisites checked first (``needs_kwok_and_scheduler_136``): ``one_path``."""
+    needs_kwok_and_scheduler_136(request, what)
+    return one_path(out, "--dra-scheduler", "1.36", "--settle", "30", *args)

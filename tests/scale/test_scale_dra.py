@@ -14,18 +14,14 @@ Removes every node, namespace and process it made.
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.scale.kwok import needs_kwok
+from tests.scale.kwok import dra_136_path
 
 pytestmark = pytest.mark.cluster
 
-ROOT = Path(__file__).resolve().parents[2]
 # 40 openb nodes (15 with 8 GPUs, 2 with 4, 23 with 2: 174 GPUs) and the trace's pods that
 # ask 2, 4 or 8 whole GPUs up to all of them (31 pods): 8-GPU claims tried on nodes with
 # 6 or fewer free devices, where v1.35 walked every ordering (docs/dra-allocator.md).
@@ -35,33 +31,14 @@ NODES = "40"
 def test_multi_gpu_claims_bind_wherever_they_fit_on_kube_scheduler_136(
     tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    _needs(request)
-    out = tmp_path / "dra.json"
-    from bench.scale.__main__ import main
-
-    rc = main([
+    doc, dra = dra_136_path(
+        request, tmp_path / "dra.json", "scale test (kwok, DRA on kube-scheduler 1.36)",
         "--nodes", NODES, "--min-gpus", "2", "--paths", "dra", "--rates", "0",
-        "--dra-scheduler", "1.36", "--settle", "30", "--stream-timeout", "300",
-        "--lock-timeout", "120", "--out", str(out),
-    ])
-    assert rc == 0
-    doc: dict[str, Any] = json.loads(out.read_text())
-    (dra,) = doc["paths"]
+        "--stream-timeout", "300",
+    )
     assert doc["dra_scheduler"] == "1.36"
     assert any("kube-scheduler: Kubernetes v1.36." in n for n in dra["notes"]), dra["notes"]
     assert dra["pods"] > 0
     assert dra["bound"] > 0
     assert dra["misplaced"] == 0  # devices over capacity in the claims
     assert dra["unbound_fit"] == 0, dra["notes"]
-
-
-def _needs(request: pytest.FixtureRequest) -> None:
-    needs_kwok(request, "scale test (kwok, DRA on kube-scheduler 1.36)")
-    sched = subprocess.run(
-        ["bash", str(ROOT / "hack" / "cluster" / "build.sh"), "k8s-136-dir"],
-        capture_output=True, text=True, check=False,
-    )
-    if not (Path(sched.stdout.strip()) / ".stamp").is_file():
-        # Not a cluster prerequisite the test command builds: skips even where the cluster
-        # is required.
-        pytest.skip("kube-scheduler v1.36 is not built: run hack/cluster/build.sh k8s-136")
