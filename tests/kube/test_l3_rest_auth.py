@@ -8,6 +8,8 @@ clear error before any request."""
 from __future__ import annotations
 
 import base64
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -186,3 +188,25 @@ def test_an_unsupported_auth_form_is_refused_before_any_request(
     with pytest.raises(KubeAccessError, match="not supported") as ei:
         make_rest_client(kc)
     assert ei.value.reason == "KubeConfigInvalid"
+
+
+def test_a_host_name_is_dialled_and_checked_without_the_idna_codec(
+    apiserver: ApiServer, tmp_path: Path
+) -> None:
+    """Dialled at ``localhost`` (a name in the server's certificate): the request
+    verifies, and the IDNA codec (0.4 MiB of stringprep and unicodedata) is never loaded
+    for an ASCII name. In a fresh interpreter: this one may have loaded it already."""
+    pki = Path(apiserver.ca_file).parent
+    user = f"client-certificate: {pki / 'admin.crt'}, client-key: {pki / 'admin.key'}"
+    url = apiserver.url.replace("127.0.0.1", "localhost")
+    assert url != apiserver.url
+    kc = kubeconfig(tmp_path, url, f"certificate-authority: {apiserver.ca_file}", user)
+    code = (
+        "import sys\n"
+        "from gpu_share.kube.rest import make_rest_client\n"
+        f"got = make_rest_client({kc!r}).get('get', '/api/v1/namespaces/default')\n"
+        "print(got['kind'], 'encodings.idna' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True).stdout.split()
+    assert out == ["Namespace", "False"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import http.client as hc
 import socket
 import subprocess
 import sys
@@ -315,16 +314,16 @@ def test_make_rest_client_applies_timeouts(tmp_path: Path) -> None:
 def test_only_a_failed_connect_is_retried(monkeypatch: pytest.MonkeyPatch) -> None:
     api, fake = fake_rest(lambda c: (500, status_obj(500, "InternalError", "boom")))
     api = dataclasses.replace(api, connect_retries=2)
-    real = hc.HTTPConnection.connect
+    real = socket.create_connection
     refusals = [2]
 
-    def flaky(conn: hc.HTTPConnection) -> None:
+    def flaky(*args: Any, **kw: Any) -> socket.socket:
         if refusals[0]:
             refusals[0] -= 1
             raise ConnectionRefusedError("refused")
-        real(conn)
+        return real(*args, **kw)
 
-    monkeypatch.setattr(hc.HTTPConnection, "connect", flaky)
+    monkeypatch.setattr(socket, "create_connection", flaky)
     # Two refused connects, then one request; its 500 is not repeated.
     with pytest.raises(ApiError) as ei:
         api.get("get", "/api/v1/nodes/a")
@@ -340,11 +339,11 @@ def test_no_connect_retry_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
     api, fake = fake_rest(lambda c: (200, {}))
     tries = []
 
-    def refused(conn: hc.HTTPConnection) -> None:
+    def refused(*args: Any, **kw: Any) -> socket.socket:
         tries.append(1)
         raise ConnectionRefusedError("refused")
 
-    monkeypatch.setattr(hc.HTTPConnection, "connect", refused)
+    monkeypatch.setattr(socket, "create_connection", refused)
     with pytest.raises(KubeAccessError):
         api.get("get", "/api/v1/nodes/a")
     assert len(tries) == 1 and not fake.calls

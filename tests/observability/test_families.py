@@ -89,6 +89,9 @@ EXPORTED: list[tuple[str, str, str, tuple[str, ...]]] = [
      "Loaded ledger entries that cannot be true on this node (kept), by why.", ("reason",)),
     ("counter", "gpu_share_kube_errors_total",
      "Failed calls to the API server or PodResources, by operation.", ("op",)),
+    ("counter", "gpu_share_events_dropped_total",
+     "Events not sent, by why (rate_limited: past an object's burst of 25, then one per 5 "
+     "minutes; queue_full); the log keeps each occurrence.", ("why",)),
     ("counter", "gpu_share_loop_errors_total",
      "Failed passes of a supervised background loop (it went on after a pause).", ("loop",)),
     ("gauge", "gpu_share_memory_unit_bytes",

@@ -128,15 +128,13 @@ class NodeAgent:
         )
         self._publisher = (
             BackgroundPublisher(
-                publisher,
-                cfg.node_name,
-                self._node_annotations,
-                self._pod_annotations,
+                publisher, cfg.node_name, self._node_annotations, self._pod_annotations,
                 enable_node=cfg.publish.node_annotation,
                 enable_pods=cfg.publish.pod_annotation,
                 enable_events=cfg.publish.events,
                 on_error=self._metrics.kube_error,
                 node_labels=self._node_labels,
+                on_event_dropped=self._metrics.event_dropped,
             )
             if publisher is not None and cfg.node_name
             else None

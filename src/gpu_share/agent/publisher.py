@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -23,6 +24,14 @@ PUBLISHER_MAX_AGE_S = 120.0
 # pause that doubles up to the cap, so state catches up once the server is back.
 RETRY_FIRST_S = 1.0
 RETRY_MAX_S = 30.0
+# Events about one object: a burst, then one per refill period (the kubelet's event
+# recorder's defaults). The log and the metrics keep every occurrence; Events are for a
+# person reading ``kubectl describe``, and a fault repeated on every kubelet call must
+# not become an API write per call.
+EVENT_BURST = 25
+EVENT_REFILL_S = 300.0
+EVENT_OBJECTS_TRACKED = 4096  # the least recently used object's budget is forgotten
+EVENT_QUEUE_MAX = 1000
 
 
 @dataclass(frozen=True)
@@ -36,6 +45,31 @@ class _Event:
 
 def _ignore(_what: str) -> None:
     pass
+
+
+class EventBudget:
+    """A token bucket per involved object: ``burst`` Events, then one more per
+    ``refill_s``; at most ``max_objects`` buckets are kept."""
+
+    def __init__(self, burst: int = EVENT_BURST, refill_s: float = EVENT_REFILL_S,
+                 max_objects: int = EVENT_OBJECTS_TRACKED,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._burst = burst
+        self._refill_s = refill_s
+        self._max = max_objects
+        self._clock = clock
+        self._tokens: OrderedDict[tuple[str | None, str], tuple[float, float]] = OrderedDict()
+
+    def take(self, obj: tuple[str | None, str]) -> bool:
+        """True when an Event about ``obj`` may be sent now (and counts it)."""
+        now = self._clock()
+        tokens, since = self._tokens.pop(obj, (float(self._burst), now))
+        tokens = min(float(self._burst), tokens + (now - since) / self._refill_s)
+        ok = tokens >= 1.0
+        self._tokens[obj] = (tokens - 1.0 if ok else tokens, now)
+        if len(self._tokens) > self._max:
+            self._tokens.popitem(last=False)
+        return ok
 
 
 class BackgroundPublisher:
@@ -57,6 +91,8 @@ class BackgroundPublisher:
         enable_events: bool = True,
         on_error: Callable[[str], None] | None = None,
         node_labels: Callable[[], Mapping[str, str | None]] | None = None,
+        on_event_dropped: Callable[[str], None] | None = None,
+        event_budget: EventBudget | None = None,
     ) -> None:
         self._target = target
         self._node_name = node_name
@@ -65,6 +101,8 @@ class BackgroundPublisher:
         self._pod_annotations = pod_annotations
         self._enable = (enable_node, enable_pods, enable_events)
         self._on_error = on_error or _ignore
+        self._on_dropped = on_event_dropped or _ignore
+        self._budget = event_budget or EventBudget()
         self._cond = threading.Condition()
         self._node_dirty = False
         self._pods: set[tuple[str, str]] = set()
@@ -108,11 +146,18 @@ class BackgroundPublisher:
     def event(
         self, namespace: str | None, name: str, *, reason: str, message: str, warning: bool
     ) -> None:
-        if self._enable[2]:
-            with self._cond:
-                if len(self._events) < 1000:  # bounded: drop rather than grow without limit
-                    self._events.append(_Event(namespace, name, reason, message, warning))
+        if not self._enable[2]:
+            return
+        with self._cond:
+            if not self._budget.take((namespace, name)):
+                dropped = "rate_limited"
+            elif len(self._events) >= EVENT_QUEUE_MAX:  # bounded: drop rather than grow
+                dropped = "queue_full"
+            else:
+                self._events.append(_Event(namespace, name, reason, message, warning))
                 self._cond.notify_all()
+                return
+        self._on_dropped(dropped)
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Wait until everything queued so far has been attempted (tests, shutdown)."""

@@ -87,6 +87,9 @@ class PrometheusAgentMetrics(AgentMetrics):
     def kube_error(self, op: str) -> None:
         self.m.kube_errors_total.labels(op=op).inc()
 
+    def event_dropped(self, why: str) -> None:
+        self.m.events_dropped_total.labels(why=why).inc()
+
     def ledger_write(self) -> None:
         self.m.ledger_writes_total.inc()
 

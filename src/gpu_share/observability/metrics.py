@@ -198,6 +198,11 @@ class Metrics(_Table):
     kube_errors_total = _counter(
         "Failed calls to the API server or PodResources, by operation.", "op"
     )
+    events_dropped_total = _counter(
+        "Events not sent, by why (rate_limited: past an object's burst of 25, then one "
+        "per 5 minutes; queue_full); the log keeps each occurrence.",
+        "why",
+    )
     loop_errors_total = _counter(
         "Failed passes of a supervised background loop (it went on after a pause).", "loop"
     )
