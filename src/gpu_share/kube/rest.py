@@ -37,6 +37,7 @@ from gpu_share.kube.rest_config import (
     load_rest_config,
     ssl_context,
 )
+from gpu_share.observability.hostnames import ascii_host
 
 __all__ = [
     "ApiError",
@@ -238,14 +239,14 @@ class RestClient:
             conn = http.client.HTTPConnection(self._host, self._port, timeout=t.connect)
         try:
             # getaddrinfo takes a bytes host too (typeshed says str).
-            sock = socket.create_connection((_ascii(self._host), self._port),  # type: ignore[arg-type]
+            sock = socket.create_connection((ascii_host(self._host), self._port),  # type: ignore[arg-type]
                                             t.connect)
             conn.sock = sock
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as http.client
             if self._https:
                 assert self._ssl is not None
                 name = self.config.tls_server_name or self._host
-                conn.sock = self._ssl.wrap_socket(sock, server_hostname=_ascii(name))
+                conn.sock = self._ssl.wrap_socket(sock, server_hostname=ascii_host(name))
         except (OSError, http.client.HTTPException) as e:
             conn.close()
             raise KubeAccessError(f"{op}: API server unreachable: {_describe(e)}") from e
@@ -379,10 +380,3 @@ class RestWatch:
         # Never back to the idle pool: a watch connection ends with the watch.
         self.interrupt()
         self._conn.close()
-
-
-def _ascii(name: str) -> str | bytes:
-    """A host name as ``socket`` and ``ssl`` take it. An ASCII name goes as bytes: they
-    encode a str with the IDNA codec, whose import (stringprep, unicodedata) costs the
-    agent about 0.4 MiB for names that never need it."""
-    return name.encode("ascii") if name.isascii() else name

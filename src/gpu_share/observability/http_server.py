@@ -21,6 +21,7 @@ import time
 from http import HTTPStatus
 from typing import Any
 
+from gpu_share.observability.hostnames import ascii_host
 from gpu_share.observability.http_handler import BoundedHandler, ServerLimits, clip
 from gpu_share.observability.http_io import CONTINUE, Reader, Writer, answer, send_once
 
@@ -60,7 +61,8 @@ class _Conn:
 
 def _listen(host: str, port: int) -> socket.socket:
     family, kind, proto, _, addr = socket.getaddrinfo(
-        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        ascii_host(host) if host else None, port, type=socket.SOCK_STREAM,
+        flags=socket.AI_PASSIVE,
     )[0]
     sock = socket.socket(family, kind, proto)
     try:
