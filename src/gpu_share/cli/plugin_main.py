@@ -87,9 +87,6 @@ class PrometheusAgentMetrics(AgentMetrics):
     def kube_error(self, op: str) -> None:
         self.m.kube_errors_total.labels(op=op).inc()
 
-    def event_dropped(self, why: str) -> None:
-        self.m.events_dropped_total.labels(why=why).inc()
-
     def ledger_write(self) -> None:
         self.m.ledger_writes_total.inc()
 
@@ -114,6 +111,9 @@ class PrometheusAgentMetrics(AgentMetrics):
 
     def cordon_ignored(self, reason: str) -> None:
         self.m.cordon_annotations_ignored_total.labels(reason=reason).inc()
+
+    def event_dropped(self, why: str) -> None:
+        self.m.events_dropped_total.labels(why=why).inc()
 
     def enforcement(self, mode: str, ready: bool) -> None:
         # One series: the mode in force (``auto`` may change it; an old one left at 0
