@@ -536,3 +536,30 @@ def test_a_memory_limit_above_the_claim_is_refused_where_nothing_can_let_it_burs
         src.add(claim(result("gpu-0", consumedCapacity=SHARED),
                       config=[opaque({"memoryLimit": "4Gi"})]))
         assert p.prepare([ref])[UID].error == ""
+
+
+def test_a_claim_just_prepared_counts_once_for_one_reserving_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between a claim's checkpoint record and the end of its prepare call, another
+    claim may reserve (the kubelet prepares several pods' claims at once): the first
+    one's shares count once, so two claims that fill gpu-0 exactly both prepare. (Seen
+    on the local cluster: a 2-unit claim counted twice refused its neighbour with
+    "14/16 memory units and 120/100 cores".)"""
+    src = Claims()
+    first = src.add(claim(result("gpu-0", consumedCapacity={"memory": "4Gi", "cores": "30"})))
+    second = src.add(claim(result("gpu-0", consumedCapacity={"memory": "12Gi", "cores": "70"})),
+                     name="d", uid=UID2)
+    p = preparer(tmp_path, src)
+    record = p._record
+    seen: list[str] = []
+
+    def record_then_another_prepares(uid: str, prepared: Any) -> None:
+        record(uid, prepared)
+        if uid == UID:  # still inside the first claim's prepare call
+            seen.append(p.prepare([second])[UID2].error)
+
+    monkeypatch.setattr(p, "_record", record_then_another_prepares)
+    assert p.prepare([first])[UID].error == ""
+    assert seen == [""]
+    assert set(p.prepared()) == {UID, UID2}

@@ -368,6 +368,9 @@ class DraClaimPreparer:
                 self._claims.pop(uid, None)
             else:
                 self._claims[uid] = prepared
+                # Counted as prepared from now on: a reservation beside it would count
+                # its shares twice for a claim reserving meanwhile.
+                self._reserved.pop(uid, None)
             try:
                 self.checkpoint.write(self._claims)
             except OSError:
