@@ -145,3 +145,27 @@ def test_follow_trashes_released_keys_and_renames_a_named_blind_entry(tmp_path: 
     assert (tmp_path / "cache" / "uid-b_c" / "f").read_text() == "in use"
     assert dirs.sweep()
     assert sorted(os.listdir(tmp_path / "cache")) == ["uid-b_c"]
+
+
+def test_a_released_containers_dir_never_goes_to_the_next_holder_of_its_ids(
+    tmp_path: Path,
+) -> None:
+    """One ledger change released pod a's container and gave its unit ids to pod b's (the
+    kubelet frees a finished pod's ids at once) before b's dir was made: a's dir, with
+    a's HAMi-core region (its limits and its usage), is trashed, not renamed to b's key."""
+    cache = tmp_path / "cache"
+    dirs = HostDirs(str(cache))
+    dirs.ensure_root()
+    ids = frozenset({"GPU-0::mem::0", "GPU-0::mem::1"})
+    dirs.follow({"uid-a_c": ids}, initial=True)
+    dirs.create("uid-a_c")
+    (cache / "uid-a_c" / hami_region.CACHE_FILE).write_text("a's region")
+    dirs.follow({"uid-b_c": ids})
+    assert not (cache / "uid-b_c").exists()
+    # A blind dir whose ids are only partly the new key's is not passed on either.
+    dirs.follow({"alloc-blind": ids})
+    dirs.create("alloc-blind")
+    dirs.follow({"uid-c_c": frozenset({"GPU-0::mem::0"})})
+    assert not (cache / "uid-c_c").exists()
+    assert dirs.sweep()
+    assert os.listdir(cache) == []

@@ -3,8 +3,9 @@
 Created at Allocate (named ``sharing.node.limits.host_dir_key``: pod UID + container, so a
 later pod of the same name never inherits one) and removed when the ledger entry is
 released, whatever released it: ``follow`` is given the keys of the ledger after every
-change and trashes the dirs whose keys left it (a key that left because a blind entry was
-named, holding the same unit ids, is renamed to its new key instead: its container runs).
+change and trashes the dirs whose keys left it (a blind entry's key that left because the
+entry was named, its ids now the named key's, is renamed to that key instead: its
+container runs).
 The container owns its dir's contents (symlinks, deep trees, many files), so:
 every step is relative to a descriptor of the root opened with ``O_NOFOLLOW``; a
 released dir is first renamed to ``.trash-*`` inside the root (atomic; its name is free
@@ -22,6 +23,8 @@ import os
 import time
 from collections.abc import Iterable, Mapping
 from typing import TypeAlias
+
+from gpu_share.sharing.node.limits import passes_on
 
 log = logging.getLogger(__name__)
 Keys: TypeAlias = Mapping[str, frozenset[str]]  # host dir key -> unit ids its entry holds
@@ -131,7 +134,12 @@ class HostDirs:
             return
         for key in gone:
             ids = previous[key]
-            heir = next((k for k, v in new.items() if ids and ids & v), None)
+            # Only a blind dir passes on, and only to a key holding all its ids: a
+            # released container's dir (its HAMi-core region: limits, usage) must never
+            # reach the next container the kubelet gives those ids to.
+            heir = next((k for k, v in new.items() if ids and ids <= v), None)
+            if not passes_on(key):
+                heir = None
             try:
                 if heir is None or not self._rename(key, heir):
                     self.trash(key)

@@ -36,6 +36,7 @@ BY_STRENGTH = tuple(sorted(STRENGTH, key=STRENGTH.__getitem__, reverse=True))
 
 # One path component: what the API server allows in UIDs and container names, bounded.
 _KEY_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+BLIND_KEY_PREFIX = "alloc-"  # a key no pod UID names; "<uid>_<container>" always has a "_"
 
 
 def host_dir_key(entry: LedgerEntry) -> str:
@@ -48,7 +49,14 @@ def host_dir_key(entry: LedgerEntry) -> str:
     ident = json.dumps(
         [r.namespace, r.pod_name, r.container_name, r.pod_uid, repr(entry.created_at)]
     )
-    return "alloc-" + hashlib.sha256(ident.encode()).hexdigest()[:32]
+    return BLIND_KEY_PREFIX + hashlib.sha256(ident.encode()).hexdigest()[:32]
+
+
+def passes_on(key: str) -> bool:
+    """Whether the dir ``key`` may go on to another key while its container runs: only a
+    key without the pod's UID (a blind entry, named later). A ``<podUID>_<container>``
+    key is its container's for life, so its leaving the ledger is always a release."""
+    return key.startswith(BLIND_KEY_PREFIX)
 
 
 def check_enforceable(
