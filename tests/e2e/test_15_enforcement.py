@@ -16,6 +16,7 @@ and its slices stop at their limit."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
@@ -28,7 +29,8 @@ from typing import Any
 
 import pytest
 
-from testkit.e2e import CORE, MEM, Kube, pod
+from gpu_share.sharing.node import hami_region
+from testkit.e2e import AGENT_NS, CORE, MEM, Kube, pod
 from testkit.harness import REPO, run_script, wait_until
 from tests.e2e.test_11_dra import _wait_rolled
 
@@ -173,6 +175,39 @@ def _result(kube: Kube, ns: str, name: str, timeout: float = 120) -> dict[str, A
     return doc
 
 
+def _explain(pool: HamiPool, ns: str, names: Sequence[str]) -> None:
+    """What a failed limit story needs to be read: each pod's UID and devices, the
+    pool's cache dirs with their regions' limits, the agent's notes on the namespace."""
+    kube = pool.kube
+    for name in names:
+        uid = kube.get("pod", name, "-n", ns)["metadata"]["uid"]
+        _say(f"{name}: uid {uid}, devices {kube.namespace_devices(ns)}")
+    root = pool.cluster_dir / "vgpu-cache"
+    for d in sorted(root.iterdir()) if root.is_dir() else ():
+        _say(f"cache dir {d.name}: {sorted(p.name for p in d.iterdir())}, {_region(d)}")
+    agent = kube.ready_agent()
+    if agent is not None:
+        log = kube.kubectl("-n", AGENT_NS, "logs", agent["metadata"]["name"], "-c", "agent",
+                           "--since=10m", check=False).stdout
+        for line in [ln for ln in log.splitlines() if ns in ln][-40:]:
+            _say(f"agent: {line[:600]}")
+
+
+def _region(d: Path) -> str:
+    """A cache dir's region: its limits and HAMi-core's process slots (pid, host pid,
+    MiB used on device 0)."""
+    path = d / hami_region.CACHE_FILE
+    data = path.read_bytes() if path.is_file() else b""
+    limits = hami_region.read_limits(data)
+    if limits is None:
+        return "no region"
+    r = hami_region.Region.from_buffer_copy(data[: ctypes.sizeof(hami_region.Region)])
+    slots = [(p.pid, p.hostpid, p.used[0].total >> 20)
+             for p in r.procs[: min(max(r.proc_num, 0), 8)]]
+    mib = [m >> 20 for m in limits.memory_bytes if m]
+    return f"inode {path.stat().st_ino}, limits MiB {mib}, slots {slots}"
+
+
 def _device(kube: Kube, ns: str, name: str) -> set[str]:
     devs = kube.namespace_devices(ns)
     return {i.split("::", 1)[0] for k, v in devs.items() if k[1] == name for ids in v.values()
@@ -191,9 +226,12 @@ def test_story15a_a_slice_stops_at_its_limit_whatever_the_workload_does(
             "export CUDA_DEVICE_MEMORY_LIMIT_0=16g LD_PRELOAD=; "
             "exec gpu-workload --chunk-mib 1024 --max-chunks 64")),
     ])
-    for name in ("plain", "rewrites"):
-        r = _result(kube, namespace, name)
+    results = {name: _result(kube, namespace, name) for name in ("plain", "rewrites")}
+    for name, r in results.items():
         _say(f"{name}: {r}")
+    if any((r["allocated_mib"], r["refused_error"]) != (4096, OOM) for r in results.values()):
+        _explain(hami, namespace, ("plain", "rewrites"))
+    for r in results.values():
         assert (r["allocated_mib"], r["refused_error"]) == (4096, OOM), r
 
 
