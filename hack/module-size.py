@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""Fail when a hand-written module under src/ is too long (part of `make lint`).
+"""Fail when a hand-written module under src/ or a figures doc is too long (part of
+`make lint` and of the test command's static checks).
 
 Every .py under src/ except the generated gRPC stubs is at most 500 lines; the two
 modules that orchestrate (the node agent, the allocation engine) at most 450, so that
-new jobs get modules of their own instead of growing them. Prints one line per offender
-(path, lines, limit) and exits 1; silent and 0 when all fit. Checks the tree this script
-is in; standard library only.
+new jobs get modules of their own instead of growing them. The three docs of measured
+figures hold the method and today's figures only (earlier runs go to docs/history/): at
+most 250 lines each. Prints one line per offender (path, lines, limit) and exits 1;
+silent and 0 when all fit. Checks the tree this script is in; standard library only.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ TIGHTER = {
     "src/gpu_share/agent/node_agent.py": 450,
     "src/gpu_share/sharing/node/engine.py": 450,
 }
+DOCS = {"docs/placement.md": 250, "docs/performance.md": 250, "docs/scale.md": 250}
 GENERATED = ("src/gpu_share/plugin/proto", "src/gpu_share/dra/proto")
 
 
@@ -30,7 +33,10 @@ def line_count(path: Path) -> int:
 
 def offenders(root: Path) -> list[tuple[str, int, int]]:
     # A renamed orchestrator must not drop out of its tighter bound unnoticed.
-    out = [(rel, -1, limit) for rel, limit in TIGHTER.items() if not (root / rel).is_file()]
+    fixed = {**TIGHTER, **DOCS}
+    out = [(rel, -1, limit) for rel, limit in fixed.items() if not (root / rel).is_file()]
+    out += [(rel, n, limit) for rel, limit in DOCS.items()
+            if (root / rel).is_file() and (n := line_count(root / rel)) > limit]
     for path in sorted((root / "src").rglob("*.py")):
         rel = path.relative_to(root).as_posix()
         if any(rel == g or rel.startswith(g + "/") for g in GENERATED):

@@ -12,6 +12,7 @@ ruff check src tests hack bench testkit
 mypy src/gpu_share
 lint-imports
 shell_lint
+python hack/module-size.py
 
 echo "== tools (helm 3.17 and 4.1)"
 bash hack/install-tools.sh
