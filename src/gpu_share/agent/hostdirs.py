@@ -133,13 +133,7 @@ class HostDirs:
         if initial:
             return
         for key in gone:
-            ids = previous[key]
-            # Only a blind dir passes on, and only to a key holding all its ids: a
-            # released container's dir (its HAMi-core region: limits, usage) must never
-            # reach the next container the kubelet gives those ids to.
-            heir = next((k for k, v in new.items() if ids and ids <= v), None)
-            if not passes_on(key):
-                heir = None
+            heir = _heir(key, previous[key], new)
             try:
                 if heir is None or not self._rename(key, heir):
                     self.trash(key)
@@ -240,6 +234,15 @@ class HostDirs:
                     continue
                 return (fd, entry.name, sub), budget
         return None, budget
+
+
+def _heir(key: str, ids: frozenset[str], new: Keys) -> str | None:
+    """The new key that takes over ``key``'s dir. Only a blind dir passes on, and only to
+    a key holding all its ids: a released container's dir (its HAMi-core region: limits,
+    usage) must never reach the next container the kubelet gives those ids to."""
+    if not ids or not passes_on(key):
+        return None
+    return next((k for k, v in new.items() if ids <= v), None)
 
 
 def _trash_name(key: str) -> str:
