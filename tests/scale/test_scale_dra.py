@@ -6,9 +6,8 @@ a claim by the webhook's translation. Every pod that fits must bind: at the end 
 pod fits on any node (CPU, memory and enough devices with room, from the claims), and no
 device is over capacity. No timing is asserted (docs/scale.md).
 
-Needs the local cluster, kwok and the v1.36 kube-scheduler. The test command does not build
-that scheduler (417 s on the 2-core machine, on top of the cluster's own build): the test
-runs where `hack/cluster/build.sh k8s-136` has cached it and skips elsewhere, saying so.
+Needs the local cluster, kwok and the v1.36 kube-scheduler, which the test command builds
+in the background (tests/scale/kwok.py waits for it where the cluster is required).
 Removes every node, namespace and process it made.
 """
 
