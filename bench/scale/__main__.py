@@ -25,7 +25,8 @@ the whole run):
    simulator's for the same nodes and pods (fgd; with ``dra+extender`` also the
    first-fit simulator, that path's own), misplaced pods, the extender's
    filter/prioritize/bind p50/p99, RSS (and its view's growth at sync), CPU and API
-   requests. ``--out FILE`` also writes the figures as JSON.
+   requests, and the machine's CPU per bound pod by process (bench/scale/cpu.py).
+   ``--out FILE`` also writes the figures as JSON.
 
 Everything created (kwok, schedulers, extender, nodes, slices, namespaces) is removed at
 the end, also on errors, SIGTERM and Ctrl-C.
@@ -97,6 +98,12 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--stream-timeout", type=float, default=3600)
     ap.add_argument("--settle", type=float, default=30,
                     help="end a stream when nothing changed for this long")
+    ap.add_argument("--idle-sample", type=float, default=20,
+                    help="seconds of the machine's CPU sampled with no stream, once before "
+                    "the first stream; taken out of every stream's CPU per pod (0 = none)")
+    ap.add_argument("--scheduler-gogc", type=int, default=0,
+                    help="GOGC of the kube-schedulers the paths start (0 = Go's default, "
+                    "100)")
     ap.add_argument("--lock-timeout", type=float, default=1800)
     ap.add_argument("--out", default="", help="also write the figures here (JSON)")
     ap.add_argument("--keep-dir", default="",

@@ -244,6 +244,13 @@ class PathFigures:
     api_requests: int = -1  # requests our component sent to the API server
     # DRA: pods left unbound that would fit on some node at the end (-1 = not counted)
     unbound_fit: int = -1
+    # The machine's CPU per bound pod by process, idle use taken out (bench.scale.cpu)
+    cpu_ms_per_pod: dict[str, float] = field(default_factory=dict)
+    cpu_s_by_process: dict[str, float] = field(default_factory=dict)  # all of it, idle too
+    busy_cores: float = float("nan")  # during the stream
+    idle_cores: float = float("nan")  # just before it, nothing streaming
+    # requests the API server served during the stream, all clients: "VERB resource" -> n
+    api_served: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -284,6 +291,7 @@ ROWS: tuple[tuple[str, str], ...] = (
     ("rss", "extender RSS MiB (view MiB)"),
     ("cpu", "extender CPU s (% of wall)"),
     ("api", "our API requests (/s)"),
+    ("machine", "machine CPU ms / pod (cores)"),
 )
 
 
@@ -304,6 +312,8 @@ def cell(f: PathFigures, row: str) -> str:
         "rss": f"{_f(f.rss_mib, '.0f')} ({_f(f.view_mib, '.0f')})" if ext else "-",
         "cpu": cpu if ext else "-",
         "api": f"{f.api_requests} ({_f(f.api_per_s)})" if f.api_requests >= 0 else "-",
+        "machine": (f"{sum(f.cpu_ms_per_pod.values()):.0f} ({_f(f.busy_cores, '.2f')})"
+                    if f.cpu_ms_per_pod else "-"),
     }
     return values[row]
 

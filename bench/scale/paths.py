@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import json
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -22,11 +23,12 @@ from typing import Any
 
 from bench import dra_stream as ds
 from bench.replay import trace
+from bench.scale import apiserver, cpu, model
 from bench.scale import cluster as cl
-from bench.scale import model
 from bench.scale import procs as pr
 
 KEY = b"scale-bench-decision-key-0123456789"
+IDLE_SETTLE_S = 10  # after the first path's scheduler started, before the idle sample
 PATHS = ("base", "extender", "dra", "dra+extender")
 DRA_PATHS = ("dra", "dra+extender")
 
@@ -40,6 +42,7 @@ class Run:
         self.devices = {n.name: [d.uuid for d in n.devices] for n in nodes}
         self.capacity = ds.capacity_milli(nodes)
         self.offsets = {r: model.arrival_offsets(len(pods), r) for r in self.rates}
+        self._idle: cpu.Usage | None = None
 
     @property
     def rates(self) -> list[float]:
@@ -65,16 +68,47 @@ class Run:
         ext: pr.ExtenderProc | None,
     ) -> tuple[model.PathFigures, cl.Stream]:
         """One stream; with ``ext``, the extender's figures over it too (and its signed
-        decisions checked in bind order for the misplaced count)."""
+        decisions checked in bind order for the misplaced count). Every stream: the
+        machine's CPU per bound pod by process, idle use taken out (``bench.scale.cpu``)."""
+        pid = ext.proc.pid if ext is not None else None
+        idle = self.idle()
+        served0 = self.served()
         if ext is None:
-            s, wall = self.go(ns, bodies, rate)
-            return self.figures(label, s, wall, decisions=False), s
-        before, cpu0 = ext.stats(), ext.cpu_s()
-        s, wall = self.go(ns, bodies, rate)
-        after, cpu1 = ext.stats(), ext.cpu_s()
-        f = self.figures(label, s, wall, decisions=True)
-        _extender_figures(f, before, after, cpu0, cpu1)
+            (s, wall), use = _timed_usage(pid, lambda: self.go(ns, bodies, rate))
+            f = self.figures(label, s, wall, decisions=False)
+        else:
+            before, cpu0 = ext.stats(), ext.cpu_s()
+            (s, wall), use = _timed_usage(pid, lambda: self.go(ns, bodies, rate))
+            after, cpu1 = ext.stats(), ext.cpu_s()
+            f = self.figures(label, s, wall, decisions=True)
+            _extender_figures(f, before, after, cpu0, cpu1)
+        f.cpu_s_by_process = dict(use.seconds)
+        f.cpu_ms_per_pod = use.per_pod_ms(f.bound, idle)
+        f.busy_cores, f.idle_cores = use.busy_cores, idle.busy_cores if idle else float("nan")
+        f.notes.append(use.note(f.bound, idle))
+        served1 = self.served()
+        if served0 is not None and served1 is not None:
+            f.api_served = dict(served1 - served0)
+            f.notes.append(apiserver.note(served0, served1, f.bound))
         return f, s
+
+    def idle(self) -> cpu.Usage | None:
+        """The machine with no stream, once a run, before its first stream (its
+        scheduler's start settled first): what every stream's CPU per pod leaves out."""
+        if self._idle is None and self.a.idle_sample > 0:
+            time.sleep(IDLE_SETTLE_S)
+            self._idle = _timed_usage(None, lambda: time.sleep(self.a.idle_sample))[1]
+            cl.log(f"  idle: {self._idle.busy_cores:.2f} cores busy, "
+                   + ", ".join(f"{k} {v:.2f}" for k, v in self._idle.cores().items()))
+        return self._idle
+
+    def served(self) -> Counter[str] | None:
+        """The API server's requests so far (None, said, where /metrics can't be read)."""
+        try:
+            return apiserver.request_counts(self.env.kubeconfig)
+        except (OSError, ValueError) as e:
+            cl.log(f"  the API server's /metrics not read: {e}")
+            return None
 
     def figures(self, label: str, s: cl.Stream, wall: float, decisions: bool) -> model.PathFigures:
         bound = sorted(s.bound.items(), key=lambda kv: kv[1][1])
@@ -98,6 +132,12 @@ class Run:
             alloc_pct=model.allocation_pct(milli, self.capacity),
             misplaced=model.misplaced(placed, self.devices),
         )
+
+
+def _timed_usage(pid: int | None, work: Any) -> tuple[Any, cpu.Usage]:
+    s0, t0 = cpu.sample(pid), time.monotonic()
+    result = work()
+    return result, cpu.usage(s0, cpu.sample(pid), time.monotonic() - t0)
 
 
 def decision_devices(pod: dict[str, Any], node: str) -> tuple[str, ...]:
@@ -148,7 +188,8 @@ def _extender(
 def run_base(r: Run) -> list[model.PathFigures]:
     env, out = r.env, []
     name = f"gs-scale-base-{env.tag}"
-    with pr.kube_scheduler(env, name, pr.scheduler_config(env, name, None, r.a.scheduler_qps)):
+    cfg = pr.scheduler_config(env, name, None, r.a.scheduler_qps)
+    with pr.kube_scheduler(env, name, cfg, gogc=r.a.scheduler_gogc):
         for rate in r.rates:
             with r.namespace("base", rate) as ns:
                 bodies = [model.vcuda_pod(n, p, name, env.tag) for n, p in r.by_name.items()]
@@ -162,7 +203,7 @@ def run_extender(r: Run, workload_file: Path | None) -> list[model.PathFigures]:
     name = f"gs-scale-ext-{env.tag}"
     with _extender(r, workload_file) as ext:
         cfg = pr.scheduler_config(env, name, ext.port, r.a.scheduler_qps, r.a.nodes_to_score)
-        with pr.kube_scheduler(env, name, cfg):
+        with pr.kube_scheduler(env, name, cfg, gogc=r.a.scheduler_gogc):
             for rate in r.rates:
                 with r.namespace("ext", rate) as ns:
                     bodies = [model.vcuda_pod(n, p, name, env.tag) for n, p in r.by_name.items()]
@@ -195,7 +236,8 @@ def run_dra(
         cfg = pr.scheduler_config(env, name, ext.port if ext else None, r.a.scheduler_qps)
         cfg["percentageOfNodesToScore"] = r.a.dra_nodes_to_score  # 0: adaptive
         stack.enter_context(pr.kube_scheduler(
-            env, name, cfg, gates="DRAConsumableCapacity=true", binary=scheduler
+            env, name, cfg, gates="DRAConsumableCapacity=true", binary=scheduler,
+            gogc=r.a.scheduler_gogc,
         ))
         for rate in r.rates:
             with r.namespace(short, rate) as ns:

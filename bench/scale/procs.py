@@ -86,11 +86,13 @@ def binary_version(binary: Path) -> str:
 
 @contextlib.contextmanager
 def kube_scheduler(
-    env: Env, name: str, cfg: Mapping[str, Any], gates: str = "", binary: Path | None = None
+    env: Env, name: str, cfg: Mapping[str, Any], gates: str = "", binary: Path | None = None,
+    gogc: int = 0,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """kube-scheduler (the local cluster's, or ``binary``) serving the profile ``name``
     beside the cluster's own scheduler, which leaves its pods alone (their schedulerName):
-    the same kubeconfig, config and gates whichever binary runs."""
+    the same kubeconfig, config and gates whichever binary runs; ``gogc`` > 0: its Go
+    runtime's GOGC (100 by default)."""
     conf = env.workdir / f"{name}.yaml"
     conf.write_text(yaml.safe_dump(dict(cfg)))
     logf = env.workdir / f"{name}.log"
@@ -106,7 +108,10 @@ def kube_scheduler(
     if gates:
         args.append(f"--feature-gates={gates}")
     with logf.open("w") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            args, stdout=out, stderr=subprocess.STDOUT,
+            env={**os.environ, **({"GOGC": str(gogc)} if gogc > 0 else {})},
+        )
     try:
 
         def up() -> bool:
