@@ -73,15 +73,11 @@ class Run:
         pid = ext.proc.pid if ext is not None else None
         idle = self.idle()
         served0 = self.served()
-        if ext is None:
-            (s, wall), use = _timed_usage(pid, lambda: self.go(ns, bodies, rate))
-            f = self.figures(label, s, wall, decisions=False)
-        else:
-            before, cpu0 = ext.stats(), ext.cpu_s()
-            (s, wall), use = _timed_usage(pid, lambda: self.go(ns, bodies, rate))
-            after, cpu1 = ext.stats(), ext.cpu_s()
-            f = self.figures(label, s, wall, decisions=True)
-            _extender_figures(f, before, after, cpu0, cpu1)
+        before = ext.stats() if ext is not None else None
+        (s, wall), use = _timed_usage(pid, lambda: self.go(ns, bodies, rate))
+        f = self.figures(label, s, wall, decisions=ext is not None)
+        if ext is not None and before is not None:
+            _extender_figures(f, before, ext.stats(), use.seconds.get("extender", 0.0))
         f.cpu_s_by_process = dict(use.seconds)
         f.cpu_ms_per_pod = use.per_pod_ms(f.bound, idle)
         f.busy_cores, f.idle_cores = use.busy_cores, idle.busy_cores if idle else float("nan")
@@ -157,7 +153,7 @@ def decision_devices(pod: dict[str, Any], node: str) -> tuple[str, ...]:
 
 
 def _extender_figures(f: model.PathFigures, before: dict[str, Any], after: dict[str, Any],
-                      cpu0: float, cpu1: float) -> None:
+                      cpu_s: float) -> None:
     verbs = (("filter", "filter_ms"), ("prioritize", "prioritize_ms"), ("bind", "bind_ms"))
     for verb, attr in verbs:
         n0 = len(before["durations_ms"][verb])
@@ -167,7 +163,7 @@ def _extender_figures(f: model.PathFigures, before: dict[str, Any], after: dict[
     f.rss_mib = float(after["rss_mib"])
     marks = after.get("marks") or {}
     f.view_mib = float(marks.get("rss_synced_mib", 0)) - float(marks.get("rss_before_sync_mib", 0))
-    f.cpu_s = cpu1 - cpu0
+    f.cpu_s = cpu_s
     kinds = {k: v - before["api"].get(k, 0) for k, v in after["api"].items()}
     f.notes.append("api by kind: " + json.dumps({k: v for k, v in kinds.items() if v}))
 

@@ -181,10 +181,6 @@ class ExtenderProc:
         wait_for("extender stats", fresh, timeout, every=0.1)
         return dict(json.loads(self.stats_file.read_text()))
 
-    def cpu_s(self) -> float:
-        f = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
-
 
 @contextlib.contextmanager
 def extender(
